@@ -1,0 +1,661 @@
+"""Path-sensitive row-provenance data flow over one function (libcst nodes).
+
+The walker executes the function body abstractly: every local name maps to
+the set of :class:`~gdn_backport.provenance.Val` it may hold. An ``if``
+forks the environment and tags what each arm assigns with the arm's
+condition, so a value set in the pure-spec fast path and a value set in the
+mixed branch stay apart and are only ever combined with values from the same
+arm (conditions are keyed by their normalised text and the versions of the
+names they read, so a re-assigned name gives a new condition).
+
+Nothing here knows about vLLM besides the names the patchset gives: which
+attributes are spec/non-spec token indices and state slots. Every call is
+recorded with the values of its arguments; :mod:`gdn_backport.analysis`
+decides which calls are kernels and whether their rows line up.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from gdn_backport.patchset import Fields
+from gdn_backport.provenance import (
+    GATHERED,
+    INVERT,
+    NO_ASSUME,
+    NONE_VAL,
+    Assume,
+    Prov,
+    Val,
+    consistent,
+    join,
+)
+
+Vals = frozenset[Val]
+Env = dict[str, Vals]
+
+# Methods and attributes that read shape or placement, never rows.
+_META = frozenset(
+    {
+        "size", "dim", "numel", "stride", "item", "is_contiguous", "data_ptr",
+        "element_size", "get_device", "tolist", "shape", "dtype", "device",
+        "ndim", "is_cuda", "storage_offset", "nelement",
+    }
+)  # fmt: skip
+# Above this many alternatives a value is no longer worth tracking precisely.
+_MAX_VALS = 256
+_EMPTY = cst.Module(body=[])
+
+
+def code(node: cst.CSTNode) -> str:
+    return _EMPTY.code_for_node(node)
+
+
+def dotted(node: cst.BaseExpression) -> str | None:
+    """``a.b.c`` for a Name/Attribute chain, else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        inner = dotted(node.value)
+        return f"{inner}.{node.attr.value}" if inner else None
+    return None
+
+
+@dataclass
+class Def:
+    """One assignment of a local name."""
+
+    id: int
+    name: str
+    stmt: cst.CSTNode  # the statement line holding the assignment
+    value: cst.BaseExpression | None  # the expression assigned to this name
+    gather: cst.BaseExpression | None = None  # the spec gather inside value
+    alias_of: str | None = None  # ``k = some.kernel``: the callee it names
+
+
+@dataclass
+class CallRecord:
+    node: cst.Call
+    callee: str | None  # dotted name as written, aliases resolved
+    path: Assume  # branch conditions under which the call runs
+    args: list[tuple[str | None, cst.Arg, Vals]]  # (keyword, arg, values)
+    starred: bool  # passes *args/**kwargs: binding unknowable
+
+
+@dataclass
+class Flow:
+    """What the walk learned about one function."""
+
+    defs: list[Def] = field(default_factory=list)
+    calls: list[CallRecord] = field(default_factory=list)
+    gathers: list[tuple[cst.BaseExpression, Prov]] = field(default_factory=list)
+    params: list[str] = field(default_factory=list)
+
+
+class _Terminated(Exception):
+    """Raised inside a block after ``return``/``raise``: the path ends there."""
+
+
+class FlowWalker:
+    def __init__(self, fields: Fields, imports: dict[str, str]) -> None:
+        self.fields = fields
+        self.imports = imports  # local alias -> imported dotted name
+        self.flow = Flow()
+        self.version: dict[str, int] = {}
+        self.path: Assume = NO_ASSUME
+        self._stmt: cst.CSTNode | None = None
+        self._loop = 0
+        self._stmt_gathers = 0
+
+    # -- entry -------------------------------------------------------------
+
+    def run(self, func: cst.FunctionDef) -> Flow:
+        env: Env = {}
+        params = func.params
+        for p in [*params.posonly_params, *params.params, *params.kwonly_params]:
+            name = p.name.value
+            self.flow.params.append(name)
+            if name not in ("self", "cls"):
+                # A per-token argument of the layer holds every row of the step.
+                env[name] = frozenset({self._define(name, None, func, Prov.ALL)})
+        for star in (params.star_arg, params.star_kwarg):
+            if isinstance(star, cst.Param):
+                env[star.name.value] = frozenset({NONE_VAL})
+        try:
+            self._block(func.body, env)
+        except _Terminated:
+            pass
+        return self.flow
+
+    # -- definitions ------------------------------------------------------
+
+    def _define(
+        self,
+        name: str,
+        value: cst.BaseExpression | None,
+        stmt: cst.CSTNode,
+        prov: Prov,
+    ) -> Val:
+        d = Def(len(self.flow.defs), name, stmt, value)
+        self.flow.defs.append(d)
+        self.version[name] = self.version.get(name, 0) + 1
+        return Val(NO_ASSUME, prov, frozenset({d.id}))
+
+    def _assign_vals(
+        self, env: Env, name: str, value: cst.BaseExpression | None, vals: Vals
+    ) -> None:
+        assert self._stmt is not None
+        d = Def(len(self.flow.defs), name, self._stmt, value)
+        if value is not None:
+            d.gather = self._find_gather(value, env)
+            callee = dotted(value)
+            if callee is not None:
+                d.alias_of = self._resolve(callee, env)
+        self.flow.defs.append(d)
+        self.version[name] = self.version.get(name, 0) + 1
+        env[name] = frozenset(Val(v.assume, v.prov, v.defs | {d.id}) for v in vals)
+
+    def _find_gather(
+        self, value: cst.BaseExpression, env: Env
+    ) -> cst.BaseExpression | None:
+        """The outermost sub-expression of ``value`` that gathered spec rows.
+
+        Evaluating ``value`` recorded every gather it performed; the first
+        one met walking down from ``value`` is the outermost.
+        """
+        spec = {
+            id(n) for n, p in self.flow.gathers[self._stmt_gathers :] if p is Prov.IDX_SPEC
+        }
+        if not spec:
+            return None
+        found: list[cst.BaseExpression] = []
+
+        class Finder(cst.CSTVisitor):
+            def on_visit(self, node: cst.CSTNode) -> bool:
+                if found or isinstance(node, cst.Lambda):
+                    return False
+                if id(node) in spec:
+                    found.append(node)  # type: ignore[arg-type]
+                    return False
+                return True
+
+        value.visit(Finder())
+        return found[0] if found else None
+
+    def _index_select_args(
+        self, call: cst.Call
+    ) -> tuple[cst.BaseExpression | None, cst.BaseExpression | None]:
+        func = call.func
+        pos = [a.value for a in call.args if a.keyword is None and not a.star]
+        kw = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+        if isinstance(func, cst.Attribute) and func.attr.value == "index_select":
+            owner = dotted(func.value)
+            if owner in ("torch", *self._torch_aliases()):
+                base = pos[0] if pos else kw.get("input")
+                index = pos[2] if len(pos) > 2 else kw.get("index")
+                return base, index
+            index = pos[1] if len(pos) > 1 else kw.get("index")
+            return func.value, index
+        return None, None
+
+    def _torch_aliases(self) -> list[str]:
+        return [k for k, v in self.imports.items() if v == "torch"]
+
+    def _resolve(self, name: str, env: Env) -> str:
+        """The dotted name a callee refers to, through imports and local aliases."""
+        head, _, rest = name.partition(".")
+        if head in env:
+            aliases = {
+                self.flow.defs[d].alias_of for v in env[head] for d in v.defs
+            }
+            if len(aliases) == 1 and None not in aliases:
+                target = aliases.pop()
+                assert target is not None
+                return f"{target}.{rest}" if rest else target
+            return name
+        if head in self.imports:
+            target = self.imports[head]
+            return f"{target}.{rest}" if rest else target
+        return name
+
+    # -- statements -------------------------------------------------------
+
+    def _block(self, body: cst.BaseSuite | Sequence[cst.CSTNode], env: Env) -> None:
+        stmts: Sequence[cst.CSTNode]
+        if isinstance(body, cst.IndentedBlock):
+            stmts = body.body
+        elif isinstance(body, cst.SimpleStatementSuite):
+            stmts = [body]
+        else:
+            stmts = body  # type: ignore[assignment]
+        for stmt in stmts:
+            self._statement(stmt, env)
+
+    def _statement(self, stmt: cst.CSTNode, env: Env) -> None:
+        self._env = env
+        # Gathers recorded from here on belong to this statement.
+        self._stmt_gathers = len(self.flow.gathers)
+        if isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            self._stmt = stmt
+            for small in stmt.body:
+                self._small(small, env)
+        elif isinstance(stmt, cst.If):
+            self._if(stmt, env)
+        elif isinstance(stmt, (cst.For, cst.While)):
+            self._loop_stmt(stmt, env)
+        elif isinstance(stmt, cst.With):
+            self._stmt = stmt
+            for item in stmt.items:
+                vals = self.ev(item.item, env)
+                if item.asname is not None:
+                    self._bind_target(item.asname.name, item.item, vals, env)
+            self._block(stmt.body, env)
+        elif isinstance(stmt, cst.Try):
+            self._try(stmt, env)
+        elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            # A nested scope is analysed on its own; here it only binds a name.
+            self._stmt = stmt
+            env[stmt.name.value] = frozenset(
+                {self._define(stmt.name.value, None, stmt, Prov.NONE)}
+            )
+        else:
+            # match and other rare compound statements: fork conservatively.
+            self._stmt = stmt
+            for child in stmt.children:
+                if isinstance(child, cst.BaseSuite):
+                    self._block(child, env)
+
+    def _small(self, small: cst.BaseSmallStatement, env: Env) -> None:
+        if isinstance(small, cst.Assign):
+            vals = self.ev(small.value, env)
+            for target in small.targets:
+                self._bind_target(target.target, small.value, vals, env)
+        elif isinstance(small, cst.AnnAssign):
+            if small.value is not None:
+                vals = self.ev(small.value, env)
+                self._bind_target(small.target, small.value, vals, env)
+        elif isinstance(small, cst.AugAssign):
+            vals = self._combine(
+                [self.ev(small.target, env), self.ev(small.value, env)], join
+            )
+            if isinstance(small.target, cst.Name):
+                self._assign_vals(env, small.target.value, None, vals)
+        elif isinstance(small, cst.Expr):
+            self.ev(small.value, env)
+        elif isinstance(small, (cst.Return, cst.Raise)):
+            value = small.value if isinstance(small, cst.Return) else small.exc
+            if value is not None:
+                self.ev(value, env)
+            raise _Terminated
+        elif isinstance(small, cst.Assert):
+            self.ev(small.test, env)
+        elif isinstance(small, (cst.Import, cst.ImportFrom)):
+            self._local_import(small, env)
+
+    def _local_import(self, node: cst.Import | cst.ImportFrom, env: Env) -> None:
+        if isinstance(node.names, cst.ImportStar):
+            return
+        module = ""
+        if isinstance(node, cst.ImportFrom) and node.module is not None:
+            module = dotted(node.module) or ""
+        for alias in node.names:
+            full = dotted(alias.name) or ""
+            local = (
+                alias.asname.name.value  # type: ignore[attr-defined]
+                if alias.asname is not None
+                else full.split(".")[0]
+            )
+            self.imports[local] = f"{module}.{full}" if module else full
+            env.pop(local, None)
+
+    def _bind_target(
+        self,
+        target: cst.BaseExpression,
+        value: cst.BaseExpression,
+        vals: Vals,
+        env: Env,
+    ) -> None:
+        if isinstance(target, cst.Name):
+            self._assign_vals(env, target.value, value, vals)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            elements = [e.value for e in target.elements]
+            paired = (
+                isinstance(value, (cst.Tuple, cst.List))
+                and len(value.elements) == len(elements)
+                and not any(isinstance(e, cst.StarredElement) for e in value.elements)
+            )
+            for i, element in enumerate(elements):
+                if paired:
+                    sub = value.elements[i].value  # type: ignore[union-attr]
+                    self._bind_target(element, sub, self.ev(sub, env), env)
+                else:
+                    self._bind_target(element, value, vals, env)
+        elif isinstance(target, cst.StarredElement):
+            self._bind_target(target.value, value, vals, env)
+        else:
+            # ``x[i] = ...`` / ``self.x = ...`` mutate, they bind no local.
+            self.ev(target, env)
+
+    def _if(self, stmt: cst.If, env: Env) -> None:
+        self._stmt = stmt
+        self.ev(stmt.test, env)
+        key = self._cond_key(stmt.test)
+        arms: list[tuple[bool, Env | None]] = []
+        for truth, body in ((True, stmt.body), (False, stmt.orelse)):
+            arm = dict(env)
+            saved = self.path
+            self.path = consistent(self.path, frozenset({(key, truth)})) or self.path
+            try:
+                if isinstance(body, cst.If):
+                    self._if(body, arm)
+                elif isinstance(body, cst.Else):
+                    self._block(body.body, arm)
+                elif body is not None:
+                    self._block(body, arm)
+                arms.append((truth, arm))
+            except _Terminated:
+                arms.append((truth, None))
+            finally:
+                self.path = saved
+        self._merge(env, key, arms)
+
+    def _merge(self, env: Env, key: str, arms: list[tuple[bool, Env | None]]) -> None:
+        live = [(t, a) for t, a in arms if a is not None]
+        if not live:
+            raise _Terminated
+        names = set(env).union(*(a for _, a in live))
+        for name in names:
+            sets = [a.get(name, frozenset()) for _, a in live]
+            if all(s == sets[0] for s in sets):
+                env[name] = sets[0]
+                continue
+            merged: set[Val] = set()
+            for (truth, _), vals in zip(live, sets, strict=True):
+                for v in vals:
+                    a = consistent(v.assume, frozenset({(key, truth)}))
+                    if a is not None:
+                        merged.add(Val(a, v.prov, v.defs))
+            env[name] = self._cap(merged)
+
+    def _loop_stmt(self, stmt: cst.For | cst.While, env: Env) -> None:
+        self._stmt = stmt
+        self._loop += 1
+        key = f"<loop {self._loop}>"
+        body_env = dict(env)
+        if isinstance(stmt, cst.For):
+            vals = self.ev(stmt.iter, env)
+            self._bind_target(stmt.target, stmt.iter, vals, body_env)
+        else:
+            self.ev(stmt.test, env)
+        try:
+            self._block(stmt.body, body_env)
+            arms: list[tuple[bool, Env | None]] = [(True, body_env), (False, dict(env))]
+        except _Terminated:
+            arms = [(False, dict(env))]
+        if stmt.orelse is not None:
+            for _, arm in arms:
+                if arm is not None:
+                    self._block(stmt.orelse.body, arm)
+        self._merge(env, key, arms)
+
+    def _try(self, stmt: cst.Try, env: Env) -> None:
+        self._stmt = stmt
+        arms: list[tuple[bool, Env | None]] = []
+        body = dict(env)
+        try:
+            self._block(stmt.body, body)
+            if stmt.orelse is not None:
+                self._block(stmt.orelse.body, body)
+            arms.append((True, body))
+        except _Terminated:
+            arms.append((True, None))
+        for i, handler in enumerate(stmt.handlers):
+            arm = dict(env)
+            try:
+                self._block(handler.body, arm)
+                arms.append((False, arm))
+            except _Terminated:
+                arms.append((False, None))
+            del i
+        self._loop += 1
+        self._merge(env, f"<try {self._loop}>", arms)
+        if stmt.finalbody is not None:
+            self._block(stmt.finalbody.body, env)
+
+    def _cond_key(self, test: cst.BaseExpression) -> str:
+        names = sorted(
+            {n.value for n in _names_in(test)}, key=lambda n: n
+        )
+        versions = ",".join(f"{n}@{self.version.get(n, 0)}" for n in names)
+        return "".join(code(test).split()) + "|" + versions
+
+    # -- expressions ------------------------------------------------------
+
+    def ev(self, node: cst.BaseExpression, env: Env) -> Vals:
+        self._env = env
+        if isinstance(node, cst.Name):
+            return env.get(node.value, frozenset({NONE_VAL}))
+        if isinstance(node, cst.Attribute):
+            return self._attribute(node, env)
+        if isinstance(node, cst.Subscript):
+            return self._subscript(node, env)
+        if isinstance(node, cst.Call):
+            return self._call(node, env)
+        if isinstance(node, cst.UnaryOperation):
+            vals = self.ev(node.expression, env)
+            if isinstance(node.operator, cst.BitInvert):
+                return frozenset(
+                    Val(v.assume, INVERT.get(v.prov, v.prov), v.defs) for v in vals
+                )
+            return vals
+        if isinstance(node, cst.IfExp):
+            self.ev(node.test, env)
+            key = self._cond_key(node.test)
+            out: set[Val] = set()
+            for truth, arm in ((True, node.body), (False, node.orelse)):
+                for v in self.ev(arm, env):
+                    a = consistent(v.assume, frozenset({(key, truth)}))
+                    if a is not None:
+                        out.add(Val(a, v.prov, v.defs))
+            return self._cap(out)
+        if isinstance(node, (cst.Lambda, cst.BaseString, cst.Integer, cst.Float)):
+            return frozenset({NONE_VAL})
+        if isinstance(node, (cst.GeneratorExp, cst.ListComp, cst.SetComp)):
+            return self._comprehension(node, node.elt, env)
+        if isinstance(node, cst.DictComp):
+            return self._comprehension(node, node.value, env)
+        if isinstance(node, cst.NamedExpr):
+            vals = self.ev(node.value, env)
+            if isinstance(node.target, cst.Name):
+                self._assign_vals(env, node.target.value, node.value, vals)
+            return vals
+        return self._combine([self.ev(c, env) for c in _sub_exprs(node)], join)
+
+    def _comprehension(
+        self,
+        node: cst.GeneratorExp | cst.ListComp | cst.SetComp | cst.DictComp,
+        elt: cst.BaseExpression,
+        env: Env,
+    ) -> Vals:
+        inner = dict(env)
+        parts = []
+        comp: cst.CompFor | None = node.for_in
+        while comp is not None:
+            it = self.ev(comp.iter, inner)
+            parts.append(it)
+            for n in _names_in(comp.target):
+                inner[n.value] = frozenset({NONE_VAL})
+            for cond in comp.ifs:
+                self.ev(cond.test, inner)
+            comp = comp.inner_for_in
+        parts.append(self.ev(elt, inner))
+        self._env = env
+        return self._combine(parts, join)
+
+    def _attribute(self, node: cst.Attribute, env: Env) -> Vals:
+        attr = node.attr.value
+        base = self.ev(node.value, env)
+        if attr in _META:
+            return frozenset({NONE_VAL})
+        field_prov = self._field(attr)
+        if field_prov is not None:
+            return frozenset(
+                Val(v.assume, field_prov, v.defs) if v.prov is Prov.NONE else v
+                for v in base
+            )
+        return base
+
+    def _field(self, attr: str) -> Prov | None:
+        f = self.fields
+        if attr in f.spec_index:
+            return Prov.IDX_SPEC
+        if attr in f.non_spec_index:
+            return Prov.IDX_NONSPEC
+        if attr in f.spec_state:
+            return Prov.STATE_SPEC
+        if attr in f.non_spec_state:
+            return Prov.STATE_NONSPEC
+        return None
+
+    def _slice_vals(self, element: cst.SubscriptElement, env: Env) -> Vals:
+        s = element.slice
+        if isinstance(s, cst.Index):
+            return self.ev(s.value, env)
+        parts = [self.ev(p, env) for p in (s.lower, s.upper, s.step) if p is not None]
+        return self._combine(parts, join)
+
+    def _select(self, base: Val, index: Prov) -> Prov:
+        """Rows left after indexing ``base`` by a value of provenance ``index``."""
+        if index in GATHERED:
+            if base.prov is Prov.ALL:
+                return GATHERED[index]
+            if base.prov.is_rows:
+                return Prov.CONFLICT  # a second selection: not the upstream shape
+            return base.prov
+        if index.is_rows or index is Prov.CONFLICT:
+            # A per-token mask we cannot name: rows selected unknowably.
+            return Prov.CONFLICT if base.prov.is_rows else base.prov
+        return base.prov
+
+    def _subscript(self, node: cst.Subscript, env: Env) -> Vals:
+        base = self.ev(node.value, env)
+        index = self._combine([self._slice_vals(e, env) for e in node.slice], join)
+        self._env = env
+        result: set[Val] = set()
+        for b in base:
+            for i in index:
+                a = consistent(b.assume, i.assume)
+                if a is not None:
+                    prov = self._select(b, i.prov)
+                    result.add(Val(a, prov, b.defs | i.defs))
+                    if i.prov in GATHERED and b.prov is Prov.ALL:
+                        self.flow.gathers.append((node, i.prov))
+        return self._cap(result)
+
+    def _call(self, node: cst.Call, env: Env) -> Vals:
+        func = node.func
+        arg_vals: list[tuple[str | None, cst.Arg, Vals]] = []
+        for arg in node.args:
+            kw = arg.keyword.value if arg.keyword is not None else None
+            arg_vals.append((kw, arg, self.ev(arg.value, env)))
+        self._env = env
+        starred = any(a.star for a in node.args)
+        name = dotted(func)
+        callee = self._resolve(name, env) if name else None
+        self.flow.calls.append(
+            CallRecord(node, callee, self.path, arg_vals, starred)
+        )
+        base, index = self._index_select_args(node)
+        if base is not None and index is not None:
+            bvals, ivals = self.ev(base, env), self.ev(index, env)
+            self._env = env
+            result: set[Val] = set()
+            for b in bvals:
+                for i in ivals:
+                    a = consistent(b.assume, i.assume)
+                    if a is not None:
+                        result.add(Val(a, self._select(b, i.prov), b.defs | i.defs))
+                        if i.prov in GATHERED and b.prov is Prov.ALL:
+                            self.flow.gathers.append((node, i.prov))
+            return self._cap(result)
+        if isinstance(func, cst.Attribute):
+            if func.attr.value in _META:
+                self.ev(func.value, env)
+                return frozenset({NONE_VAL})
+            owner = self.ev(func.value, env)
+            self._env = env
+            if any(v.prov is not Prov.NONE for v in owner):
+                # A method of a tensor (``x.contiguous()``, ``idx.to(...)``)
+                # keeps the tensor's rows whatever its arguments.
+                return owner
+        parts = [vals for _, _, vals in arg_vals]
+        return self._combine(parts, join) if parts else frozenset({NONE_VAL})
+
+    # -- helpers ------------------------------------------------------------
+
+    def _combine(
+        self, parts: Sequence[Vals], fn: Callable[[Iterable[Prov]], Prov]
+    ) -> Vals:
+        """All consistent combinations of one value from each part."""
+        parts = [p for p in parts if p != frozenset({NONE_VAL})]
+        if not parts:
+            return frozenset({NONE_VAL})
+        if len(parts) == 1:
+            return parts[0]
+        total = 1
+        for p in parts:
+            total *= len(p)
+        if total > _MAX_VALS:
+            return frozenset({Val(NO_ASSUME, Prov.CONFLICT)})
+        out: set[Val] = set()
+        for combo in itertools.product(*parts):
+            a = consistent(*(v.assume for v in combo))
+            if a is None:
+                continue
+            defs = frozenset().union(*(v.defs for v in combo))
+            out.add(Val(a, fn(v.prov for v in combo), defs))
+        return self._cap(out) if out else frozenset({NONE_VAL})
+
+    @staticmethod
+    def _cap(vals: set[Val]) -> Vals:
+        if len(vals) > _MAX_VALS:
+            return frozenset({Val(NO_ASSUME, Prov.CONFLICT)})
+        return frozenset(vals)
+
+
+def _names_in(node: cst.CSTNode) -> list[cst.Name]:
+    found: list[cst.Name] = []
+
+    class Collect(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            found.append(n)
+
+        def visit_Attribute(self, n: cst.Attribute) -> bool:
+            n.value.visit(self)
+            return False
+
+    node.visit(Collect())
+    return found
+
+
+def _sub_exprs(node: cst.CSTNode) -> list[cst.BaseExpression]:
+    """The direct sub-expressions of an expression node (operands, elements)."""
+    out: list[cst.BaseExpression] = []
+    for child in node.children:
+        if isinstance(child, cst.BaseExpression):
+            out.append(child)
+        elif isinstance(child, (cst.Element, cst.StarredElement)):
+            out.append(child.value)
+        elif isinstance(child, (cst.DictElement,)):
+            out.extend([child.key, child.value])
+        elif isinstance(child, cst.FormattedStringExpression):
+            out.append(child.expression)
+        elif isinstance(child, cst.ComparisonTarget):
+            out.append(child.comparator)
+        elif isinstance(child, cst.Arg):
+            out.append(child.value)
+    return out

@@ -1,0 +1,169 @@
+"""Find candidate GDN spec paths in a tree, cheaply, without running its code.
+
+Three sieves, each cheaper than the next: the bytes of every ``*.py`` file
+must mention a spec-token metadata field; ``ast`` (fast) then names the
+functions whose source mentions one; only those functions are parsed with
+libcst and analysed. Nothing of the target is imported or executed.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import libcst as cst
+
+from gdn_backport.errors import UsageError
+from gdn_backport.patchset import Patchset
+
+SKIP_DIRS = frozenset({".git", ".gdn-backport", "__pycache__", ".nox", ".venv", "node_modules"})
+
+
+@dataclass(frozen=True)
+class Candidate:
+    qualname: str  # Class.method, outer.inner
+    occurrence: int  # how many earlier functions in the file share qualname
+    line: int  # the ``def`` line
+    start: int  # first line of the function, decorators included
+    end: int
+    col: int
+
+
+def python_files(root: Path) -> Iterator[Path]:
+    """Every ``*.py`` below ``root`` (or ``root`` itself), links not followed."""
+    if root.is_file():
+        yield root
+        return
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                path = Path(dirpath, name)
+                if not path.is_symlink():
+                    yield path
+
+
+def mentions_fields(data: bytes, patchset: Patchset) -> bool:
+    return any(f.encode() in data for f in patchset.fields.spec_index)
+
+
+def decode(path: Path, data: bytes) -> str:
+    if b"\0" in data:
+        raise UsageError(f"{path}: binary data (NUL bytes), not Python source")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
+
+
+def parse_ast(path: Path, text: str) -> ast.Module:
+    try:
+        return ast.parse(text, filename=str(path))
+    except SyntaxError as exc:
+        raise UsageError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from exc
+    except ValueError as exc:  # e.g. NUL bytes inside the source
+        raise UsageError(f"{path}: cannot parse: {exc}") from exc
+
+
+def module_imports(tree: ast.Module) -> dict[str, str]:
+    """Local name -> imported dotted name, for imports outside functions."""
+    out: dict[str, str] = {}
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                for a in node.names:
+                    out[a.asname or a.name] = f"{module}.{a.name}" if module else a.name
+            elif isinstance(node, (ast.If, ast.Try)):
+                for block in (node.body, node.orelse, getattr(node, "finalbody", [])):
+                    walk(block)
+                for h in getattr(node, "handlers", []):
+                    walk(h.body)
+
+    walk(tree.body)
+    return out
+
+
+def candidates(tree: ast.Module, lines: list[str], patchset: Patchset) -> list[Candidate]:
+    fields = patchset.fields.spec_index
+    # A spec path hands the spec requests' state slots to its kernel.
+    states = patchset.fields.spec_state
+    found: list[Candidate] = []
+    seen: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                qual = f"{prefix}{child.name}"
+                occurrence = seen.get(qual, 0)
+                seen[qual] = occurrence + 1
+                start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                end = child.end_lineno or child.lineno
+                text = "".join(lines[start - 1 : end])
+                if any(f in text for f in fields) and any(f in text for f in states):
+                    found.append(
+                        Candidate(qual, occurrence, child.lineno, start, end, child.col_offset)
+                    )
+                visit(child, f"{qual}.")
+            elif isinstance(child, (ast.stmt, ast.ExceptHandler, ast.match_case)):
+                # Functions only hide in statements: skipping expressions
+                # keeps this walk a fraction of a full ast.walk.
+                visit(child, prefix)
+
+    visit(tree, "")
+    return found
+
+
+def function_node(lines: list[str], cand: Candidate) -> cst.FunctionDef:
+    """The candidate parsed on its own with libcst.
+
+    An indented method is wrapped in ``if 1:`` so its own indentation stays
+    valid; parsing one function instead of the whole file keeps scan fast.
+    """
+    text = "".join(lines[cand.start - 1 : cand.end])
+    if not text.endswith("\n"):
+        text += "\n"
+    if cand.col:
+        module = cst.parse_module("if 1:\n" + text)
+        wrapper = module.body[0]
+        assert isinstance(wrapper, cst.If) and isinstance(wrapper.body, cst.IndentedBlock)
+        node = wrapper.body.body[0]
+    else:
+        node = cst.parse_module(text).body[0]
+    if not isinstance(node, cst.FunctionDef):
+        raise UsageError(f"line {cand.line}: expected a function definition")
+    return node
+
+
+class FunctionIndex(cst.CSTVisitor):
+    """Qualified names of a libcst module's functions, in source order."""
+
+    def __init__(self) -> None:
+        self.stack: list[str] = []
+        self.found: list[tuple[str, int, cst.FunctionDef]] = []
+        self._seen: dict[str, int] = {}
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.stack.append(node.name.value)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self.stack.pop()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        qual = ".".join([*self.stack, node.name.value])
+        occurrence = self._seen.get(qual, 0)
+        self._seen[qual] = occurrence + 1
+        self.found.append((qual, occurrence, node))
+        self.stack.append(node.name.value)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self.stack.pop()

@@ -1,0 +1,1 @@
+"""The version matrix as data (TOML), loaded by :mod:`gdn_backport.matrix`."""

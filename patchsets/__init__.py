@@ -1,0 +1,1 @@
+"""Declarative patch definitions (TOML), loaded by :mod:`gdn_backport.patchset`."""
