@@ -93,9 +93,7 @@ def _line(node: cst.CSTNode, positions: dict[cst.CSTNode, int] | None) -> str:
     return ""
 
 
-def _compare(
-    q: Vals, gate: Vals, path: frozenset[tuple[str, bool]]
-) -> tuple[str, str] | None:
+def _compare(q: Vals, gate: Vals, path: frozenset[tuple[str, bool]]) -> tuple[str, str] | None:
     """('affected'|'unknown', detail) for the first bad pair, None if all align."""
     pairs = 0
     unknown: str | None = None
@@ -106,11 +104,12 @@ def _compare(
             pairs += 1
             if qv.prov.is_rows and gv.prov.is_rows:
                 if qv.prov is not gv.prov:
-                    return "affected", f"{gv.prov.value} rows while q/k/v carry {qv.prov.value} rows"
+                    return (
+                        "affected",
+                        f"{gv.prov.value} rows while q/k/v carry {qv.prov.value} rows",
+                    )
             elif unknown is None:
-                unknown = (
-                    f"rows cannot be traced (q/k/v: {qv.prov.value}, gate: {gv.prov.value})"
-                )
+                unknown = f"rows cannot be traced (q/k/v: {qv.prov.value}, gate: {gv.prov.value})"
     if pairs == 0:
         return "unknown", "no path reaches the call with both q/k/v and the gate defined"
     return ("unknown", unknown) if unknown else None
@@ -141,7 +140,11 @@ def _spec_call(record: CallRecord, kernel: KernelSpec) -> SpecCall | None:
     if not rows or not gates:
         missing = "q/k/v" if not rows else "gate"
         return SpecCall(
-            record, kernel, rows, gates, Status.UNKNOWN,
+            record,
+            kernel,
+            rows,
+            gates,
+            Status.UNKNOWN,
             f"{kernel.name}: no {missing} argument found",
         )
     q_param = next(iter(rows))
@@ -149,7 +152,11 @@ def _spec_call(record: CallRecord, kernel: KernelSpec) -> SpecCall | None:
         bad = _compare(rows[q_param], vals, path)
         if bad is not None:
             return SpecCall(
-                record, kernel, rows, gates, Status.UNKNOWN,
+                record,
+                kernel,
+                rows,
+                gates,
+                Status.UNKNOWN,
                 f"{kernel.name}: {q_param} and {other} do not carry the same rows",
             )
     worst: tuple[Status, str] | None = None
@@ -159,9 +166,7 @@ def _spec_call(record: CallRecord, kernel: KernelSpec) -> SpecCall | None:
             continue
         kind, detail = bad
         status = Status.AFFECTED if kind == "affected" else Status.UNKNOWN
-        reason = (
-            f"{kernel.name}: gate {gate.param}={code(gate.arg.value)} has {detail}"
-        )
+        reason = f"{kernel.name}: gate {gate.param}={code(gate.arg.value)} has {detail}"
         if worst is None or (worst[0] is Status.AFFECTED and status is Status.UNKNOWN):
             worst = (status, reason)
     if worst is not None:
@@ -169,23 +174,37 @@ def _spec_call(record: CallRecord, kernel: KernelSpec) -> SpecCall | None:
     status = Status.FIXED if kernel.fix_target else Status.NOT_AFFECTED
     names = ", ".join(f"{g.param}={code(g.arg.value)}" for g in gates)
     return SpecCall(
-        record, kernel, rows, gates, status,
+        record,
+        kernel,
+        rows,
+        gates,
+        status,
         f"{kernel.name}: gates ({names}) carry the same rows as q/k/v on every path",
     )
 
 
-def _unknown_consumer(record: CallRecord, patchset: Patchset) -> str | None:
+def _unknown_consumer(record: CallRecord, patchset: Patchset, flow: Flow) -> str | None:
     """A call outside the kernel table that takes spec state slots and rows
-    of different selections: it may be a wrapped kernel we cannot see into."""
+    of different selections: it may be a wrapped kernel we cannot see into.
+
+    A tensor parameter counts as token rows here only with evidence (it, or a
+    value computed from it, is gathered by a token index somewhere): weights
+    and caches passed in as tensors are not rows.
+    """
     if record.callee and record.callee.rsplit(".", 1)[-1] in patchset.benign:
         return None
     path = record.path
     if not any(_has(v, path, Prov.STATE_SPEC) for _, _, v in record.args):
         return None
-    rows = [
-        [v for v in _live(vals, path) if v.prov.is_rows or v.prov is Prov.CONFLICT]
-        for _, _, vals in record.args
-    ]
+    params = {d.id for d in flow.defs if d.param}
+    evidence = flow.gathered_defs & params
+
+    def counts(v: Val) -> bool:
+        if v.prov is Prov.ALL:
+            return bool(v.defs & evidence) or not (v.defs & params)
+        return v.prov.is_rows or v.prov is Prov.CONFLICT
+
+    rows = [[v for v in _live(vals, path) if counts(v)] for _, _, vals in record.args]
     rows = [r for r in rows if r]
     for i, left in enumerate(rows):
         for right in rows[i + 1 :]:
@@ -219,7 +238,7 @@ def analyse(
             if spec is not None:
                 calls.append(spec)
         else:
-            why = _unknown_consumer(record, patchset)
+            why = _unknown_consumer(record, patchset, flow)
             if why is not None:
                 opaque.append(why)
     if not calls and not opaque:

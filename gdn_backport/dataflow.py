@@ -16,6 +16,7 @@ decides which calls are kernels and whether their rows line up.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,21 @@ _META = frozenset(
         "size", "dim", "numel", "stride", "item", "is_contiguous", "data_ptr",
         "element_size", "get_device", "tolist", "shape", "dtype", "device",
         "ndim", "is_cuda", "storage_offset", "nelement",
+    }
+)  # fmt: skip
+# What code does with a tensor. A parameter only ever used with these is taken
+# to be a per-token tensor; one with any other attribute (``layer.A_log``,
+# ``metadata.spec_token_indx``) is an object holding weights or metadata.
+_TENSOR_ATTRS = _META | frozenset(
+    {
+        "T", "mT", "view", "reshape", "contiguous", "to", "float", "half", "bfloat16",
+        "transpose", "split", "chunk", "unsqueeze", "squeeze", "permute", "flatten",
+        "clone", "narrow", "index_select", "copy_", "fill_", "zero_", "index_copy_",
+        "new_empty", "new_zeros", "new_ones", "sum", "mean", "sigmoid", "exp", "neg",
+        "softmax", "unflatten", "expand", "repeat", "masked_fill", "type_as", "cuda",
+        "cpu", "detach", "view_as", "reshape_as", "movedim", "select", "gather", "type",
+        "is_floating_point", "any", "all", "max", "min", "abs", "sqrt", "pow", "mul",
+        "add", "sub", "div", "unbind", "roll", "flip", "argmax", "long", "int", "bool",
     }
 )  # fmt: skip
 # Above this many alternatives a value is no longer worth tracking precisely.
@@ -75,6 +91,7 @@ class Def:
     value: cst.BaseExpression | None  # the expression assigned to this name
     gather: cst.BaseExpression | None = None  # the spec gather inside value
     alias_of: str | None = None  # ``k = some.kernel``: the callee it names
+    param: bool = False  # a parameter of the function
 
 
 @dataclass
@@ -94,6 +111,12 @@ class Flow:
     calls: list[CallRecord] = field(default_factory=list)
     gathers: list[tuple[cst.BaseExpression, Prov]] = field(default_factory=list)
     params: list[str] = field(default_factory=list)
+    # Definitions whose rows were gathered by some index somewhere: evidence
+    # that a parameter really is a per-token tensor.
+    gathered_defs: set[int] = field(default_factory=set)
+    # Environment right after each simple statement line (keyed by id): the
+    # rewriter checks that an inserted line sees the values the call sees.
+    env_after: dict[int, Env] = field(default_factory=dict)
 
 
 class _Terminated(Exception):
@@ -116,19 +139,21 @@ class FlowWalker:
     def run(self, func: cst.FunctionDef) -> Flow:
         env: Env = {}
         params = func.params
+        objects = _object_params(func)
         for p in [*params.posonly_params, *params.params, *params.kwonly_params]:
             name = p.name.value
             self.flow.params.append(name)
-            if name not in ("self", "cls"):
-                # A per-token argument of the layer holds every row of the step.
-                env[name] = frozenset({self._define(name, None, func, Prov.ALL)})
+            # A per-token tensor argument of the layer holds every row of the
+            # step; ``self`` and other objects hold none.
+            prov = Prov.NONE if name in objects else Prov.ALL
+            val = self._define(name, None, func, prov)
+            self.flow.defs[-1].param = True
+            env[name] = frozenset({val})
         for star in (params.star_arg, params.star_kwarg):
             if isinstance(star, cst.Param):
                 env[star.name.value] = frozenset({NONE_VAL})
-        try:
+        with contextlib.suppress(_Terminated):
             self._block(func.body, env)
-        except _Terminated:
-            pass
         return self.flow
 
     # -- definitions ------------------------------------------------------
@@ -159,17 +184,13 @@ class FlowWalker:
         self.version[name] = self.version.get(name, 0) + 1
         env[name] = frozenset(Val(v.assume, v.prov, v.defs | {d.id}) for v in vals)
 
-    def _find_gather(
-        self, value: cst.BaseExpression, env: Env
-    ) -> cst.BaseExpression | None:
+    def _find_gather(self, value: cst.BaseExpression, env: Env) -> cst.BaseExpression | None:
         """The outermost sub-expression of ``value`` that gathered spec rows.
 
         Evaluating ``value`` recorded every gather it performed; the first
         one met walking down from ``value`` is the outermost.
         """
-        spec = {
-            id(n) for n, p in self.flow.gathers[self._stmt_gathers :] if p is Prov.IDX_SPEC
-        }
+        spec = {id(n) for n, p in self.flow.gathers[self._stmt_gathers :] if p is Prov.IDX_SPEC}
         if not spec:
             return None
         found: list[cst.BaseExpression] = []
@@ -209,9 +230,7 @@ class FlowWalker:
         """The dotted name a callee refers to, through imports and local aliases."""
         head, _, rest = name.partition(".")
         if head in env:
-            aliases = {
-                self.flow.defs[d].alias_of for v in env[head] for d in v.defs
-            }
+            aliases = {self.flow.defs[d].alias_of for v in env[head] for d in v.defs}
             if len(aliases) == 1 and None not in aliases:
                 target = aliases.pop()
                 assert target is not None
@@ -241,8 +260,11 @@ class FlowWalker:
         self._stmt_gathers = len(self.flow.gathers)
         if isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
             self._stmt = stmt
-            for small in stmt.body:
-                self._small(small, env)
+            try:
+                for small in stmt.body:
+                    self._small(small, env)
+            finally:
+                self.flow.env_after[id(stmt)] = dict(env)
         elif isinstance(stmt, cst.If):
             self._if(stmt, env)
         elif isinstance(stmt, (cst.For, cst.While)):
@@ -259,9 +281,7 @@ class FlowWalker:
         elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
             # A nested scope is analysed on its own; here it only binds a name.
             self._stmt = stmt
-            env[stmt.name.value] = frozenset(
-                {self._define(stmt.name.value, None, stmt, Prov.NONE)}
-            )
+            env[stmt.name.value] = frozenset({self._define(stmt.name.value, None, stmt, Prov.NONE)})
         else:
             # match and other rare compound statements: fork conservatively.
             self._stmt = stmt
@@ -279,9 +299,7 @@ class FlowWalker:
                 vals = self.ev(small.value, env)
                 self._bind_target(small.target, small.value, vals, env)
         elif isinstance(small, cst.AugAssign):
-            vals = self._combine(
-                [self.ev(small.target, env), self.ev(small.value, env)], join
-            )
+            vals = self._combine([self.ev(small.target, env), self.ev(small.value, env)], join)
             if isinstance(small.target, cst.Name):
                 self._assign_vals(env, small.target.value, None, vals)
         elif isinstance(small, cst.Expr):
@@ -304,11 +322,8 @@ class FlowWalker:
             module = dotted(node.module) or ""
         for alias in node.names:
             full = dotted(alias.name) or ""
-            local = (
-                alias.asname.name.value  # type: ignore[attr-defined]
-                if alias.asname is not None
-                else full.split(".")[0]
-            )
+            asname = alias.asname.name if alias.asname is not None else None
+            local = asname.value if isinstance(asname, cst.Name) else full.split(".")[0]
             self.imports[local] = f"{module}.{full}" if module else full
             env.pop(local, None)
 
@@ -323,14 +338,16 @@ class FlowWalker:
             self._assign_vals(env, target.value, value, vals)
         elif isinstance(target, (cst.Tuple, cst.List)):
             elements = [e.value for e in target.elements]
-            paired = (
-                isinstance(value, (cst.Tuple, cst.List))
+            pairs = (
+                [e.value for e in value.elements]
+                if isinstance(value, (cst.Tuple, cst.List))
                 and len(value.elements) == len(elements)
                 and not any(isinstance(e, cst.StarredElement) for e in value.elements)
+                else None
             )
             for i, element in enumerate(elements):
-                if paired:
-                    sub = value.elements[i].value  # type: ignore[union-attr]
+                if pairs is not None:
+                    sub = pairs[i]
                     self._bind_target(element, sub, self.ev(sub, env), env)
                 else:
                     self._bind_target(element, value, vals, env)
@@ -427,9 +444,7 @@ class FlowWalker:
             self._block(stmt.finalbody.body, env)
 
     def _cond_key(self, test: cst.BaseExpression) -> str:
-        names = sorted(
-            {n.value for n in _names_in(test)}, key=lambda n: n
-        )
+        names = sorted({n.value for n in _names_in(test)}, key=lambda n: n)
         versions = ",".join(f"{n}@{self.version.get(n, 0)}" for n in names)
         return "".join(code(test).split()) + "|" + versions
 
@@ -448,9 +463,7 @@ class FlowWalker:
         if isinstance(node, cst.UnaryOperation):
             vals = self.ev(node.expression, env)
             if isinstance(node.operator, cst.BitInvert):
-                return frozenset(
-                    Val(v.assume, INVERT.get(v.prov, v.prov), v.defs) for v in vals
-                )
+                return frozenset(Val(v.assume, INVERT.get(v.prov, v.prov), v.defs) for v in vals)
             return vals
         if isinstance(node, cst.IfExp):
             self.ev(node.test, env)
@@ -503,10 +516,7 @@ class FlowWalker:
             return frozenset({NONE_VAL})
         field_prov = self._field(attr)
         if field_prov is not None:
-            return frozenset(
-                Val(v.assume, field_prov, v.defs) if v.prov is Prov.NONE else v
-                for v in base
-            )
+            return frozenset(Val(v.assume, field_prov, v.defs) for v in base)
         return base
 
     def _field(self, attr: str) -> Prov | None:
@@ -525,6 +535,7 @@ class FlowWalker:
         s = element.slice
         if isinstance(s, cst.Index):
             return self.ev(s.value, env)
+        assert isinstance(s, cst.Slice)
         parts = [self.ev(p, env) for p in (s.lower, s.upper, s.step) if p is not None]
         return self._combine(parts, join)
 
@@ -554,6 +565,7 @@ class FlowWalker:
                     result.add(Val(a, prov, b.defs | i.defs))
                     if i.prov in GATHERED and b.prov is Prov.ALL:
                         self.flow.gathers.append((node, i.prov))
+                        self.flow.gathered_defs |= b.defs
         return self._cap(result)
 
     def _call(self, node: cst.Call, env: Env) -> Vals:
@@ -566,9 +578,7 @@ class FlowWalker:
         starred = any(a.star for a in node.args)
         name = dotted(func)
         callee = self._resolve(name, env) if name else None
-        self.flow.calls.append(
-            CallRecord(node, callee, self.path, arg_vals, starred)
-        )
+        self.flow.calls.append(CallRecord(node, callee, self.path, arg_vals, starred))
         base, index = self._index_select_args(node)
         if base is not None and index is not None:
             bvals, ivals = self.ev(base, env), self.ev(index, env)
@@ -581,6 +591,7 @@ class FlowWalker:
                         result.add(Val(a, self._select(b, i.prov), b.defs | i.defs))
                         if i.prov in GATHERED and b.prov is Prov.ALL:
                             self.flow.gathers.append((node, i.prov))
+                            self.flow.gathered_defs |= b.defs
             return self._cap(result)
         if isinstance(func, cst.Attribute):
             if func.attr.value in _META:
@@ -597,9 +608,7 @@ class FlowWalker:
 
     # -- helpers ------------------------------------------------------------
 
-    def _combine(
-        self, parts: Sequence[Vals], fn: Callable[[Iterable[Prov]], Prov]
-    ) -> Vals:
+    def _combine(self, parts: Sequence[Vals], fn: Callable[[Iterable[Prov]], Prov]) -> Vals:
         """All consistent combinations of one value from each part."""
         parts = [p for p in parts if p != frozenset({NONE_VAL})]
         if not parts:
@@ -625,6 +634,29 @@ class FlowWalker:
         if len(vals) > _MAX_VALS:
             return frozenset({Val(NO_ASSUME, Prov.CONFLICT)})
         return frozenset(vals)
+
+
+def _object_params(func: cst.FunctionDef) -> set[str]:
+    """Parameters that are not tensors: ``self``/``cls``, those annotated with
+    something other than a Tensor, and those used with a non-tensor attribute."""
+    params = [*func.params.posonly_params, *func.params.params, *func.params.kwonly_params]
+    names = {p.name.value for p in params}
+    objects = {"self", "cls"} & names
+    for p in params:
+        if p.annotation is not None and "Tensor" not in code(p.annotation.annotation):
+            objects.add(p.name.value)
+
+    class Uses(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            if (
+                isinstance(node.value, cst.Name)
+                and node.value.value in names
+                and node.attr.value not in _TENSOR_ATTRS
+            ):
+                objects.add(node.value.value)
+
+    func.body.visit(Uses())
+    return objects
 
 
 def _names_in(node: cst.CSTNode) -> list[cst.Name]:

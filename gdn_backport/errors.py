@@ -5,4 +5,3 @@ from __future__ import annotations
 
 class UsageError(Exception):
     """Bad input or a refusal: message names the file and the reason."""
-

@@ -76,7 +76,9 @@ def module_imports(tree: ast.Module) -> dict[str, str]:
         for node in body:
             if isinstance(node, ast.Import):
                 for a in node.names:
-                    out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+                    out[a.asname or a.name.split(".")[0]] = (
+                        a.name if a.asname else a.name.split(".")[0]
+                    )
             elif isinstance(node, ast.ImportFrom):
                 module = node.module or ""
                 for a in node.names:

@@ -36,15 +36,9 @@ def relative(path: Path, root: Path) -> str:
     return path.relative_to(root).as_posix()
 
 
-def scan_file(path: Path, root: Path, patchset: Patchset) -> list[Site]:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
-    if not locate.mentions_fields(data, patchset):
-        return []
-    text = locate.decode(path, data)
-    tree = locate.parse_ast(path, text)
+def scan_text(rel: str, text: str, patchset: Patchset, where: Path | None = None) -> list[Site]:
+    """The sites in one file's source; ``where`` names the file in errors."""
+    tree = locate.parse_ast(where or Path(rel), text)
     lines = text.splitlines(keepends=True)
     imports = locate.module_imports(tree)
     sites = []
@@ -52,10 +46,24 @@ def scan_file(path: Path, root: Path, patchset: Patchset) -> list[Site]:
         func = locate.function_node(lines, cand)
         result = analyse(func, patchset, imports)
         if result is not None:
-            sites.append(
-                Site(relative(path, root), cand.line, cand.qualname, result.status, result.reason)
-            )
+            sites.append(Site(rel, cand.line, cand.qualname, result.status, result.reason))
     return sites
+
+
+def read_source(path: Path, patchset: Patchset) -> tuple[bytes, str | None]:
+    """The file's bytes, and its text if it may hold a site (else None)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
+    if not locate.mentions_fields(data, patchset):
+        return data, None
+    return data, locate.decode(path, data)
+
+
+def scan_file(path: Path, root: Path, patchset: Patchset) -> list[Site]:
+    _, text = read_source(path, patchset)
+    return [] if text is None else scan_text(relative(path, root), text, patchset, path)
 
 
 def scan_tree(path: Path, patchset: Patchset | None = None) -> tuple[Path, list[Site]]:

@@ -25,7 +25,7 @@ from packaging.version import InvalidVersion, Version
 
 from gdn_backport.errors import UsageError
 
-INDEX_URL = os.environ.get("GDN_BACKPORT_INDEX", "https://pypi.org/pypi/vllm/json")
+DEFAULT_INDEX = "https://pypi.org/pypi/vllm/json"
 # Wheels only exist for a few releases (0.15.x); vLLM's Python sources are the
 # same in every platform wheel, so any one of them serves.
 _WHEEL_SUFFIX = "manylinux_2_31_x86_64.whl"
@@ -46,22 +46,36 @@ def cache_dir() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "gdn-backport"
 
 
+def index_url() -> str:
+    """PyPI's JSON API for vllm; ``$GDN_BACKPORT_INDEX`` points elsewhere
+    (a mirror, or a ``file://`` document in tests)."""
+    return os.environ.get("GDN_BACKPORT_INDEX", DEFAULT_INDEX)
+
+
 def _index() -> dict[str, object]:
     cached = cache_dir() / "index" / "vllm.json"
+    url = index_url()
     offline = os.environ.get("GDN_BACKPORT_OFFLINE") == "1"
     if not offline:
         try:
-            with urllib.request.urlopen(INDEX_URL, timeout=60) as resp:
+            with urllib.request.urlopen(url, timeout=60) as resp:
                 data = resp.read()
             cached.parent.mkdir(parents=True, exist_ok=True)
             _atomic_bytes(cached, data)
         except OSError as exc:
             if not cached.exists():
-                raise UsageError(f"{INDEX_URL}: cannot reach the index ({exc})") from exc
+                raise UsageError(f"{url}: cannot reach the index ({exc})") from exc
     if not cached.exists():
         raise UsageError(f"{cached}: offline and no cached index")
     loaded: dict[str, object] = json.loads(cached.read_bytes())
     return loaded
+
+
+def _same(listed: str, wanted: Version) -> bool:
+    try:
+        return Version(listed) == wanted
+    except InvalidVersion:
+        return False
 
 
 def artifact(version: str) -> Artifact:
@@ -70,10 +84,12 @@ def artifact(version: str) -> Artifact:
         wanted = Version(version)
     except InvalidVersion as exc:
         raise UsageError(f"{version}: not a version number") from exc
+    url = index_url()
     releases = _index().get("releases")
     if not isinstance(releases, dict):
-        raise UsageError(f"{INDEX_URL}: no 'releases' in the index document")
-    files = next((f for v, f in releases.items() if Version(v) == wanted), None)
+        raise UsageError(f"{url}: no 'releases' in the index document")
+    listed = next((v for v in releases if _same(v, wanted)), None)
+    files = releases.get(listed) if listed is not None else None
     if not files:
         raise UsageError(f"vllm {version}: no such release on the index")
     live = [f for f in files if not f.get("yanked")] or files
@@ -86,9 +102,9 @@ def artifact(version: str) -> Artifact:
     else:
         raise UsageError(f"vllm {version}: neither an sdist nor an x86_64 wheel")
     return Artifact(
-        version=str(wanted),
+        version=str(listed),
         filename=chosen["filename"],
-        url=urljoin(INDEX_URL, chosen["url"]),
+        url=urljoin(url, chosen["url"]),
         sha256=chosen["digests"]["sha256"],
         kind=kind,
     )
@@ -185,12 +201,15 @@ def release_tree(version: str) -> Path:
     copy it first (see :func:`copy_release`).
     """
     try:
-        cached = cache_dir() / "trees" / str(Version(version))
+        wanted = Version(version)
     except InvalidVersion as exc:
         raise UsageError(f"{version}: not a version number") from exc
     # A completed extraction was verified when it was made: no index needed.
-    if (cached / _DONE).exists():
-        return cached
+    trees = cache_dir() / "trees"
+    if trees.is_dir():
+        for cached in trees.iterdir():
+            if _same(cached.name, wanted) and (cached / _DONE).exists():
+                return cached
     art = artifact(version)
     root = cache_dir() / "trees" / art.version
     archive = download(art)

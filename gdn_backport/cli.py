@@ -1,0 +1,191 @@
+"""Command line: ``main(argv) -> int`` over the library API.
+
+Exit codes: 0 done or nothing to do; 1 a check failed or affected sites
+remain; 2 bad usage or a refusal (one line on stderr naming the file and
+the reason; nothing changed on disk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gdn_backport import __version__, sources
+from gdn_backport.engine import Mode, Outcome, apply_tree, revert_tree
+from gdn_backport.errors import UsageError
+from gdn_backport.report import table
+from gdn_backport.scan import Site, scan_tree
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _target(p: argparse.ArgumentParser, write: bool = False) -> None:
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("path", nargs="?", type=Path, help="vLLM checkout, unpacked sdist or one file")
+    g.add_argument("--release", metavar="X.Y.Z", help="fetch this vLLM release from PyPI first")
+    if write:
+        p.add_argument(
+            "--workdir",
+            type=Path,
+            help="with --release: the copy to patch (default ./vllm-X.Y.Z); "
+            "the cached release itself is never modified",
+        )
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gdn-backport", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"gdn-backport {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("scan", help="list GDN spec paths: affected / fixed / not_affected")
+    _target(p)
+
+    p = sub.add_parser("apply", help="rewrite affected sites in place, print the diff")
+    _target(p, write=True)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="exit 1 while an affected site remains")
+    mode.add_argument("--dry-run", action="store_true", help="print the diff, change nothing")
+    p.add_argument("--strategy", default="gather", help="gather (default) or kernel")
+
+    p = sub.add_parser("revert", help="restore the original bytes of patched files")
+    _target(p, write=True)
+    p.add_argument("--dry-run", action="store_true", help="print the diff, change nothing")
+
+    p = sub.add_parser("fetch", help="a release's sources from PyPI into the cache")
+    p.add_argument("versions", nargs="*", metavar="X.Y.Z")
+    p.add_argument("--matrix", action="store_true", help="every release in matrix/")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("matrix", help="scan every release of the matrix, compare with expected")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--json", action="store_true", help="same as --format json")
+    p.add_argument("--release", action="append", metavar="X.Y.Z", help="only these releases")
+    p.add_argument(
+        "--roundtrip",
+        action="store_true",
+        help="also patch a copy of each affected release: fixed after apply, "
+        "idempotent, byte-identical after revert",
+    )
+    return parser
+
+
+def _resolve(args: argparse.Namespace, write: bool) -> Path:
+    if args.path is not None:
+        return Path(args.path)
+    tree = sources.release_tree(args.release)
+    if not write:
+        return tree
+    work = args.workdir or Path(f"vllm-{args.release}")
+    if not work.exists():
+        shutil.copytree(tree, work, ignore=shutil.ignore_patterns(".gdn-backport-complete"))
+        print(f"copied vllm {args.release} to {work}", file=sys.stderr)
+    return work
+
+
+def _print_sites(root: Path, sites: Sequence[Site]) -> None:
+    print(f"tree: {root}")
+    if not sites:
+        print("no GDN spec path found")
+        return
+    rows = [(f"{s.path}:{s.line}", s.function, s.status.value, s.reason) for s in sites]
+    print(table(["site", "function", "status", "reason"], rows))
+
+
+def _cmd_scan(args: argparse.Namespace) -> int:
+    root, sites = scan_tree(_resolve(args, write=False))
+    if args.json:
+        print(json.dumps({"tree": str(root), "sites": [s.to_json() for s in sites]}, indent=2))
+    else:
+        _print_sites(root, sites)
+    bad = {s.status.value for s in sites}
+    return 2 if "unknown" in bad else 1 if "affected" in bad else 0
+
+
+def _print_outcome(out: Outcome, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(out.to_json(), indent=2))
+    else:
+        print(f"tree: {out.tree}")
+        rows = [
+            (f"{c.site.path}:{c.site.line}", c.site.function, c.site.status.value,
+             c.rewritten.status.value, "yes" if c.changed else "no")
+            for c in out.changes
+        ]  # fmt: skip
+        if rows:
+            print(table(["site", "function", "before", "after", "changed"], rows))
+        if out.diff:
+            print(out.diff, end="" if out.diff.endswith("\n") else "\n")
+        print(out.message)
+    for path, reason in out.refused:
+        print(f"gdn-backport: {out.tree / path}: {reason}", file=sys.stderr)
+    return out.exit_code
+
+
+def _cmd_apply(args: argparse.Namespace) -> int:
+    mode = Mode.CHECK if args.check else Mode.DRY_RUN if args.dry_run else Mode.WRITE
+    out = apply_tree(_resolve(args, write=mode is Mode.WRITE), args.strategy, mode)
+    code = _print_outcome(out, args.json)
+    # --dry-run previews: affected sites remaining is expected, not a failure.
+    return 0 if mode is Mode.DRY_RUN and code == 1 else code
+
+
+def _cmd_revert(args: argparse.Namespace) -> int:
+    mode = Mode.DRY_RUN if args.dry_run else Mode.WRITE
+    out = revert_tree(_resolve(args, write=True), mode)
+    code = _print_outcome(out, args.json)
+    return 2 if code == 2 else 0
+
+
+def _cmd_fetch(args: argparse.Namespace) -> int:
+    from gdn_backport import matrix
+
+    versions = list(args.versions)
+    if args.matrix:
+        versions += [r.version for r in matrix.load().releases]
+    if not versions:
+        raise UsageError("fetch: name a release (X.Y.Z) or --matrix")
+    trees = {v: str(sources.release_tree(v)) for v in versions}
+    if args.json:
+        print(json.dumps({"cache": str(sources.cache_dir()), "trees": trees}, indent=2))
+    else:
+        print(table(["release", "tree"], list(trees.items())))
+    return 0
+
+
+def _cmd_matrix(args: argparse.Namespace) -> int:
+    from gdn_backport import matrix
+
+    results = matrix.run(matrix.load(), only=args.release, with_roundtrip=args.roundtrip)
+    if args.json or args.format == "json":
+        print(json.dumps([r.to_json() for r in results], indent=2))
+    else:
+        print(matrix.render(results))
+    return 0 if all(r.ok for r in results) else 1
+
+
+COMMANDS = {
+    "scan": _cmd_scan,
+    "apply": _cmd_apply,
+    "revert": _cmd_revert,
+    "fetch": _cmd_fetch,
+    "matrix": _cmd_matrix,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except UsageError as exc:
+        print(f"gdn-backport: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

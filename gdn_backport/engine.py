@@ -1,0 +1,251 @@
+"""``apply`` and ``revert`` over a tree: plan everything, then write or nothing.
+
+``apply`` scans, runs the strategy's codemod on every file with an affected
+site, and only if *every* file came out proven does it write: originals go
+to the records first, then each staged file replaces its original. A file
+with an ``unknown`` site, a codemod refusal, or a file that cannot be
+written stops the whole run before anything changes (exit 2).
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from libcst.codemod import (
+    Codemod,
+    TransformExit,
+    TransformFailure,
+    TransformSkip,
+    TransformSuccess,
+    transform_module,
+)
+
+from gdn_backport import __version__, atomic, locate
+from gdn_backport.analysis import Status
+from gdn_backport.codemods import registry
+from gdn_backport.errors import UsageError
+from gdn_backport.patchset import load
+from gdn_backport.records import Record, Records, sha256
+from gdn_backport.scan import Site, read_source, relative, scan_file, scan_text, tree_root
+
+
+class Mode(str, enum.Enum):
+    WRITE = "write"
+    DRY_RUN = "dry_run"
+    CHECK = "check"
+
+
+@dataclass
+class SiteChange:
+    """One site through a run: as found, as the rewrite leaves it, on disk."""
+
+    site: Site  # as found before the run
+    rewritten: Site  # as the rewrite leaves it (``site`` itself if untouched)
+    changed: bool  # the file on disk was changed by this run
+
+    @property
+    def now(self) -> Site:
+        return self.rewritten if self.changed else self.site
+
+    @property
+    def status(self) -> Status:
+        return self.now.status
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            **self.now.to_json(),
+            "status_before": self.site.status.value,
+            "status_rewritten": self.rewritten.status.value,
+            "changed": self.changed,
+        }
+
+
+@dataclass
+class Outcome:
+    tree: Path
+    changes: list[SiteChange] = field(default_factory=list)
+    diff: str = ""
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
+    written: list[str] = field(default_factory=list)
+    message: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        if self.refused:
+            return 2
+        return 1 if any(c.status is Status.AFFECTED for c in self.changes) else 0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "tree": str(self.tree),
+            "sites": [c.to_json() for c in self.changes],
+            "diff": self.diff,
+            "refused": [{"path": p, "reason": r} for p, r in self.refused],
+            "written": self.written,
+            "message": self.message,
+            "exit_code": self.exit_code,
+        }
+
+
+def _diff(rel: str, old: str, new: str) -> str:
+    return "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True), new.splitlines(keepends=True), f"a/{rel}", f"b/{rel}"
+        )
+    )
+
+
+def _rewrite(codemod: Codemod, path: Path, text: str) -> str | None:
+    """The rewritten source, None if nothing to do; UsageError on refusal."""
+    result = transform_module(codemod, text)
+    if isinstance(result, TransformSuccess):
+        return result.code
+    if isinstance(result, TransformSkip):
+        return None
+    if isinstance(result, (TransformFailure, TransformExit)):
+        error = getattr(result, "error", None)
+        raise UsageError(f"{path}: refused: {error}")
+    raise UsageError(f"{path}: refused: unexpected codemod result {result!r}")
+
+
+def apply_tree(path: Path, strategy: str = "gather", mode: Mode = Mode.WRITE) -> Outcome:
+    patchset = load()
+    if strategy not in patchset.strategies or strategy not in registry.CODEMODS:
+        choices = ", ".join(registry.CODEMODS)
+        raise UsageError(f"--strategy {strategy}: unknown (choose from {choices})")
+    root = tree_root(path)
+    out = Outcome(root)
+    staged: list[tuple[Path, str, bytes, bytes]] = []  # (file, rel, original, new)
+    for file in locate.python_files(path):
+        original, text = read_source(file, patchset)
+        if text is None:
+            continue
+        rel = relative(file, root)
+        before = scan_text(rel, text, patchset, file)
+        unknown = [s for s in before if s.status is Status.UNKNOWN]
+        if unknown:
+            out.refused.append((rel, f"{unknown[0].function}: {unknown[0].reason}"))
+        if unknown or mode is Mode.CHECK or not any(s.status is Status.AFFECTED for s in before):
+            out.changes.extend(SiteChange(s, s, False) for s in before)
+            continue
+        try:
+            new = _rewrite(registry.codemod(strategy), file, text)
+        except UsageError as exc:
+            out.refused.append((rel, str(exc).split(": refused: ", 1)[-1]))
+            out.changes.extend(SiteChange(s, s, False) for s in before)
+            continue
+        if new is None or new == text:
+            raise UsageError(f"{file}: the codemod found nothing to rewrite at an affected site")
+        after = scan_text(rel, new, patchset, file)
+        for s in before:
+            out.changes.append(SiteChange(s, _match(after, s), False))
+        out.diff += _diff(rel, text, new)
+        staged.append((file, rel, original, new.encode("utf-8")))
+    if out.refused:
+        # Fail closed: one file we cannot prove stops every write.
+        out.diff = ""
+        out.message = "refused: nothing was changed"
+    elif not staged:
+        out.message = "nothing to do: no affected site"
+    elif mode is Mode.DRY_RUN:
+        out.message = "dry run: nothing was changed"
+    elif mode is Mode.WRITE:
+        _write(root, staged, strategy, patchset.upstream, out)
+        for c in out.changes:
+            c.changed = c.site.path in out.written and c.rewritten.status is not c.site.status
+    return out
+
+
+def _match(after: list[Site], site: Site) -> Site:
+    """The same function in the rewritten file (lines may have moved)."""
+    same = [s for s in after if s.function == site.function]
+    return min(same, key=lambda s: abs(s.line - site.line)) if same else site
+
+
+def _write(
+    root: Path,
+    staged: list[tuple[Path, str, bytes, bytes]],
+    strategy: str,
+    upstream: str,
+    out: Outcome,
+) -> None:
+    for file, _, _, _ in staged:
+        atomic.check_writable(file)
+    with atomic.tree_lock(root):
+        temps: list[tuple[Path, Path]] = []
+        try:
+            for file, _, original, new in staged:
+                if file.read_bytes() != original:
+                    raise UsageError(f"{file}: changed on disk while gdn-backport ran")
+                temps.append((atomic.stage(file, new), file))
+            records = Records(root)
+            for _, rel, original, new in staged:
+                records.add(
+                    rel,
+                    original,
+                    Record(sha256(original), sha256(new), strategy, upstream, __version__),
+                )
+            records.save()
+            for tmp, file in temps:
+                atomic.commit(tmp, file)
+                out.written.append(relative(file, root))
+            temps = []
+        finally:
+            for tmp, _ in temps:
+                tmp.unlink(missing_ok=True)
+    out.message = f"patched {len(out.written)} file(s); undo with `gdn-backport revert`"
+
+
+def revert_tree(path: Path, mode: Mode = Mode.WRITE) -> Outcome:
+    root = tree_root(path)
+    out = Outcome(root)
+    records = Records(root)
+    only = relative(path, root) if path.is_file() else None
+    wanted = [r for r in sorted(records.entries) if only is None or r == only]
+    if not wanted:
+        out.message = "nothing to revert: no gdn-backport record in this tree"
+        return out
+    restore: list[tuple[Path, str, bytes, bytes]] = []
+    for rel in wanted:
+        file = root / rel
+        rec = records.entries[rel]
+        if not file.exists():
+            out.refused.append((rel, "patched file is gone"))
+            continue
+        current = file.read_bytes()
+        if sha256(current) == rec.original_sha256:
+            continue  # already the original (reverted by other means)
+        if sha256(current) != rec.patched_sha256:
+            out.refused.append((rel, "changed since gdn-backport patched it; not restoring"))
+            continue
+        original = records.original(rel)
+        out.diff += _diff(rel, current.decode("utf-8"), original.decode("utf-8"))
+        restore.append((file, rel, current, original))
+    patchset = load()
+    if out.refused:
+        out.message = "refused: nothing was changed"
+        out.diff = ""
+        return out
+    if mode is not Mode.WRITE:
+        out.message = "dry run: nothing was changed"
+        return out
+    for file, _, _, _ in restore:
+        atomic.check_writable(file)
+    with atomic.tree_lock(root):
+        for file, rel, current, original in restore:
+            if file.read_bytes() != current:
+                raise UsageError(f"{file}: changed on disk while gdn-backport ran")
+            atomic.write_atomic(file, original)
+            out.written.append(rel)
+        for rel in wanted:
+            records.drop(rel)
+        records.save()
+    for file, rel, current, _ in restore:
+        for s in scan_text(rel, current.decode("utf-8"), patchset, file):
+            restored = _match(scan_file(file, root, patchset), s)
+            out.changes.append(SiteChange(s, restored, True))
+    out.message = f"restored {len(out.written)} file(s) to their original bytes"
+    return out

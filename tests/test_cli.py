@@ -1,0 +1,88 @@
+"""The command line: exit codes, one-line errors, the --json contract."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gdn_backport.cli import main
+from tests.test_engine import SITE, snapshot
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_scan_json_contract(capsys: pytest.CaptureFixture[str], affected_tree: Path) -> None:
+    code, out, _ = run(capsys, "scan", str(affected_tree), "--json")
+    assert code == 1
+    doc = json.loads(out)
+    assert doc["tree"] == str(affected_tree)
+    [site] = doc["sites"]
+    assert site == {
+        "path": SITE.as_posix(),
+        "line": 2,
+        "function": "Layer._forward_core",
+        "status": "affected",
+        "reason": site["reason"],
+    }
+    assert "gate a=a" in site["reason"]
+
+
+def test_apply_json_has_changed(capsys: pytest.CaptureFixture[str], affected_tree: Path) -> None:
+    code, out, _ = run(capsys, "apply", str(affected_tree), "--json")
+    assert code == 0
+    [site] = json.loads(out)["sites"]
+    assert (site["status"], site["changed"]) == ("fixed", True)
+    code, out, _ = run(capsys, "apply", "--check", str(affected_tree))
+    assert code == 0
+    code, out, _ = run(capsys, "revert", str(affected_tree), "--json")
+    assert code == 0
+    [site] = json.loads(out)["sites"]
+    assert (site["status"], site["changed"]) == ("affected", True)
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"def f(:\n    spec_token_indx\n", "syntax error"),
+        (b"x = 'spec_token_indx'\n\xff\xfe\n", "not valid UTF-8"),
+        (b"\x00\x01spec_token_indx\x00", "binary data"),
+    ],
+    ids=["syntax-error", "non-utf8", "binary"],
+)
+@pytest.mark.parametrize("command", ["scan", "apply"])
+def test_bad_file_one_line_exit_2_nothing_changed(
+    capsys: pytest.CaptureFixture[str],
+    affected_tree: Path,
+    command: str,
+    content: bytes,
+    reason: str,
+) -> None:
+    bad = affected_tree / "vllm" / "bad.py"
+    bad.write_bytes(content)
+    before = snapshot(affected_tree)
+    code, _, err = run(capsys, command, str(affected_tree))
+    assert code == 2
+    assert err.count("\n") == 1 and str(bad) in err and reason in err
+    assert snapshot(affected_tree) == before
+
+
+def test_missing_path(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run(capsys, "scan", str(tmp_path / "nope"))
+    assert code == 2 and "no such file" in err and err.count("\n") == 1
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], affected_tree: Path) -> None:
+    assert run(capsys, "apply", "--strategy", "magic", str(affected_tree))[0] == 2
+    assert run(capsys, "scan")[0] == 2
+    assert run(capsys, "frobnicate")[0] == 2
+
+
+def test_empty_tree_has_no_sites(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, _ = run(capsys, "scan", str(tmp_path), "--json")
+    assert code == 0 and json.loads(out)["sites"] == []

@@ -1,0 +1,121 @@
+"""apply / revert on small trees: writes, refusals, records, lock."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from gdn_backport import atomic
+from gdn_backport.analysis import Status
+from gdn_backport.engine import Mode, apply_tree, revert_tree
+from gdn_backport.errors import UsageError
+from tests.conftest import FIXED
+
+SITE = Path("vllm/model_executor/layers/mamba/gdn_linear_attn.py")
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and atomic.STATE_DIR not in p.parts
+    }
+
+
+def test_apply_writes_the_fix_and_keeps_the_mode(affected_tree: Path) -> None:
+    target = affected_tree / SITE
+    os.chmod(target, 0o640)
+    out = apply_tree(affected_tree)
+    assert out.exit_code == 0
+    assert out.written == [SITE.as_posix()]
+    assert target.read_text() == FIXED
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    [change] = out.changes
+    assert (change.site.status, change.status, change.changed) == (
+        Status.AFFECTED,
+        Status.FIXED,
+        True,
+    )
+    assert "+                a_spec = a.index_select(0, spec_token_indx)" in out.diff
+
+
+def test_dry_run_and_check_change_nothing(affected_tree: Path) -> None:
+    before = snapshot(affected_tree)
+    dry = apply_tree(affected_tree, mode=Mode.DRY_RUN)
+    assert dry.diff and not dry.written and dry.changes[0].rewritten.status is Status.FIXED
+    check = apply_tree(affected_tree, mode=Mode.CHECK)
+    assert check.exit_code == 1
+    assert snapshot(affected_tree) == before
+    assert not (affected_tree / atomic.STATE_DIR).exists()
+
+
+def test_second_apply_is_a_no_op_and_revert_restores_bytes(affected_tree: Path) -> None:
+    before = snapshot(affected_tree)
+    apply_tree(affected_tree)
+    patched = snapshot(affected_tree)
+    again = apply_tree(affected_tree)
+    assert not again.written and again.exit_code == 0
+    assert "nothing to do" in again.message
+    assert snapshot(affected_tree) == patched
+    back = revert_tree(affected_tree)
+    assert back.written == [SITE.as_posix()]
+    assert snapshot(affected_tree) == before
+    assert revert_tree(affected_tree).message.startswith("nothing to revert")
+
+
+def test_revert_refuses_a_file_edited_after_the_patch(affected_tree: Path) -> None:
+    apply_tree(affected_tree)
+    target = affected_tree / SITE
+    target.write_text(target.read_text() + "# local edit\n")
+    edited = target.read_bytes()
+    out = revert_tree(affected_tree)
+    assert out.exit_code == 2 and "changed since" in out.refused[0][1]
+    assert target.read_bytes() == edited
+
+
+def test_unknown_site_refuses_the_whole_run(affected_tree: Path) -> None:
+    from gdn_backport.codemods.gather_gates import GatherGatesCodemod
+
+    wrapped = GatherGatesCodemod.REFUSES[1][0]
+    (affected_tree / "vllm" / "fork_layer.py").write_text(wrapped)
+    before = snapshot(affected_tree)
+    out = apply_tree(affected_tree)
+    assert out.exit_code == 2
+    assert out.refused[0][0] == "vllm/fork_layer.py"
+    assert not out.written
+    assert snapshot(affected_tree) == before
+
+
+def test_a_second_writer_is_refused(affected_tree: Path) -> None:
+    state = affected_tree / atomic.STATE_DIR
+    state.mkdir()
+    with open(state / "lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        before = snapshot(affected_tree)
+        with pytest.raises(UsageError, match="another gdn-backport run"):
+            apply_tree(affected_tree)
+        assert snapshot(affected_tree) == before
+
+
+def test_nothing_outside_the_tree_is_touched(tmp_path: Path, affected_tree: Path) -> None:
+    sibling = tmp_path / "sibling.py"
+    sibling.write_text(FIXED)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    mtime = sibling.stat().st_mtime_ns
+    apply_tree(affected_tree)
+    revert_tree(affected_tree)
+    assert sorted(p.name for p in tmp_path.iterdir()) == names
+    assert sibling.stat().st_mtime_ns == mtime
+
+
+def test_single_file_target(affected_tree: Path) -> None:
+    target = affected_tree / SITE
+    out = apply_tree(target)
+    assert out.written == [SITE.name]
+    assert (target.parent / atomic.STATE_DIR / "manifest.json").exists()
+    revert_tree(target)
+    assert target.read_text() != FIXED
