@@ -17,8 +17,9 @@ decides which calls are kernels and whether their rows line up.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -145,7 +146,8 @@ class FlowWalker:
             self.flow.params.append(name)
             # A per-token tensor argument of the layer holds every row of the
             # step; ``self`` and other objects hold none.
-            prov = Prov.NONE if name in objects else Prov.ALL
+            # A parameter named like a metadata field carries that field.
+            prov = self._field(name) or (Prov.NONE if name in objects else Prov.ALL)
             val = self._define(name, None, func, prov)
             self.flow.defs[-1].param = True
             env[name] = frozenset({val})
@@ -193,19 +195,10 @@ class FlowWalker:
         spec = {id(n) for n, p in self.flow.gathers[self._stmt_gathers :] if p is Prov.IDX_SPEC}
         if not spec:
             return None
-        found: list[cst.BaseExpression] = []
-
-        class Finder(cst.CSTVisitor):
-            def on_visit(self, node: cst.CSTNode) -> bool:
-                if found or isinstance(node, cst.Lambda):
-                    return False
-                if id(node) in spec:
-                    found.append(node)  # type: ignore[arg-type]
-                    return False
-                return True
-
-        value.visit(Finder())
-        return found[0] if found else None
+        for node in walk(value, prune=cst.Lambda):
+            if id(node) in spec:
+                return node  # type: ignore[return-value]
+        return None
 
     def _index_select_args(
         self, call: cst.Call
@@ -636,6 +629,26 @@ class FlowWalker:
         return frozenset(vals)
 
 
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def walk(node: cst.CSTNode, prune: type | tuple[type, ...] = ()) -> Iterator[cst.CSTNode]:
+    """Every node below ``node`` (itself first), depth first, source order.
+
+    Reads the dataclass fields directly: libcst's own visitor traversal
+    rebuilds each node it passes, which made analysis several times slower.
+    Nodes of a ``prune`` type are yielded but not entered.
+    """
+    stack: list[cst.CSTNode] = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        if prune and isinstance(current, prune):
+            continue
+        children = list(children_of(current))
+        stack.extend(reversed(children))
+
+
 def _object_params(func: cst.FunctionDef) -> set[str]:
     """Parameters that are not tensors: ``self``/``cls``, those annotated with
     something other than a Tensor, and those used with a non-tensor attribute."""
@@ -646,32 +659,36 @@ def _object_params(func: cst.FunctionDef) -> set[str]:
         if p.annotation is not None and "Tensor" not in code(p.annotation.annotation):
             objects.add(p.name.value)
 
-    class Uses(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> None:
-            if (
-                isinstance(node.value, cst.Name)
-                and node.value.value in names
-                and node.attr.value not in _TENSOR_ATTRS
-            ):
-                objects.add(node.value.value)
-
-    func.body.visit(Uses())
+    for node in walk(func.body):
+        if (
+            isinstance(node, cst.Attribute)
+            and isinstance(node.value, cst.Name)
+            and node.value.value in names
+            and node.attr.value not in _TENSOR_ATTRS
+        ):
+            objects.add(node.value.value)
     return objects
 
 
 def _names_in(node: cst.CSTNode) -> list[cst.Name]:
-    found: list[cst.Name] = []
+    """Names read in ``node``: not an attribute's ``.attr``, not ``kw=`` keys."""
+    nodes = list(walk(node))
+    labels = {id(n.attr) for n in nodes if isinstance(n, cst.Attribute)}
+    labels |= {id(n.keyword) for n in nodes if isinstance(n, cst.Arg) and n.keyword}
+    return [n for n in nodes if isinstance(n, cst.Name) and id(n) not in labels]
 
-    class Collect(cst.CSTVisitor):
-        def visit_Name(self, n: cst.Name) -> None:
-            found.append(n)
 
-        def visit_Attribute(self, n: cst.Attribute) -> bool:
-            n.value.visit(self)
-            return False
-
-    node.visit(Collect())
-    return found
+def children_of(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    kind = type(node)
+    names = _FIELDS.get(kind)
+    if names is None:
+        names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(node))
+    for name in names:
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (v for v in value if isinstance(v, cst.CSTNode))
 
 
 def _sub_exprs(node: cst.CSTNode) -> list[cst.BaseExpression]:

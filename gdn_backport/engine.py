@@ -14,14 +14,8 @@ import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from libcst.codemod import (
-    Codemod,
-    TransformExit,
-    TransformFailure,
-    TransformSkip,
-    TransformSuccess,
-    transform_module,
-)
+import libcst as cst
+from libcst.codemod import SkipFile
 
 from gdn_backport import __version__, atomic, locate
 from gdn_backport.analysis import Status
@@ -98,17 +92,21 @@ def _diff(rel: str, old: str, new: str) -> str:
     )
 
 
-def _rewrite(codemod: Codemod, path: Path, text: str) -> str | None:
-    """The rewritten source, None if nothing to do; UsageError on refusal."""
-    result = transform_module(codemod, text)
-    if isinstance(result, TransformSuccess):
-        return result.code
-    if isinstance(result, TransformSkip):
+def _rewrite(strategy: str, path: Path, text: str) -> str | None:
+    """The rewritten source, None if nothing to do; UsageError on refusal.
+
+    The same steps as ``libcst.codemod.transform_module``, minus a second
+    code generation: the codemod hands back the text it proved.
+    """
+    codemod = registry.codemod(strategy, source=text)
+    try:
+        new_tree = codemod.transform_module(cst.parse_module(text))
+    except SkipFile:
         return None
-    if isinstance(result, (TransformFailure, TransformExit)):
-        error = getattr(result, "error", None)
-        raise UsageError(f"{path}: refused: {error}")
-    raise UsageError(f"{path}: refused: unexpected codemod result {result!r}")
+    except Exception as exc:  # noqa: BLE001 - any failure is a refusal, never a write
+        raise UsageError(f"{path}: refused: {exc}") from exc
+    rewritten = getattr(codemod, "rewritten", None)
+    return rewritten if isinstance(rewritten, str) else new_tree.code
 
 
 def apply_tree(path: Path, strategy: str = "gather", mode: Mode = Mode.WRITE) -> Outcome:
@@ -132,7 +130,7 @@ def apply_tree(path: Path, strategy: str = "gather", mode: Mode = Mode.WRITE) ->
             out.changes.extend(SiteChange(s, s, False) for s in before)
             continue
         try:
-            new = _rewrite(registry.codemod(strategy), file, text)
+            new = _rewrite(strategy, file, text)
         except UsageError as exc:
             out.refused.append((rel, str(exc).split(": refused: ", 1)[-1]))
             out.changes.extend(SiteChange(s, s, False) for s in before)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import libcst as cst
 
+from gdn_backport.dataflow import children_of
 from gdn_backport.errors import UsageError
 from gdn_backport.patchset import Patchset
 
@@ -111,7 +112,11 @@ def candidates(tree: ast.Module, lines: list[str], patchset: Patchset) -> list[C
                 start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
                 end = child.end_lineno or child.lineno
                 text = "".join(lines[start - 1 : end])
-                if any(f in text for f in fields) and any(f in text for f in states):
+                if (
+                    any(f in text for f in fields)
+                    and any(f in text for f in states)
+                    and gathers_by_spec_index(child, fields)
+                ):
                     found.append(
                         Candidate(qual, occurrence, child.lineno, start, end, child.col_offset)
                     )
@@ -123,6 +128,52 @@ def candidates(tree: ast.Module, lines: list[str], patchset: Patchset) -> list[C
 
     visit(tree, "")
     return found
+
+
+def gathers_by_spec_index(
+    func: ast.FunctionDef | ast.AsyncFunctionDef, fields: frozenset[str]
+) -> bool:
+    """Cheap necessary condition for a site, on ``ast``: some ``index_select``
+    or subscript selects rows with an index computed from a spec-token field.
+
+    Locals are followed through assignments (``i = md.spec_token_indx``,
+    ``j = i.to(dev)``); a parameter named like the field counts as one. A
+    subscript *of* the field itself (a metadata builder filling its buffers)
+    is no row gather. Over-approximate on purpose: libcst does the real work.
+    """
+    args = func.args
+    tainted = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs] if a.arg in fields}
+
+    def mentions(node: ast.AST) -> bool:
+        return any(
+            (isinstance(n, ast.Attribute) and n.attr in fields)
+            or (isinstance(n, ast.Name) and n.id in tainted)
+            for n in ast.walk(node)
+        )
+
+    nodes = list(ast.walk(func))
+    assigns = [n for n in nodes if isinstance(n, (ast.Assign, ast.AnnAssign, ast.NamedExpr))]
+    grew = True
+    while grew:
+        grew = False
+        for a in assigns:
+            if a.value is None or not mentions(a.value):
+                continue
+            targets = a.targets if isinstance(a, ast.Assign) else [a.target]
+            for t in targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name) and n.id not in tainted:
+                        tainted.add(n.id)
+                        grew = True
+    for n in nodes:
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+            if n.func.attr == "index_select" and any(
+                mentions(a) for a in [*n.args, *(k.value for k in n.keywords)]
+            ):
+                return True
+        elif isinstance(n, ast.Subscript) and mentions(n.slice) and not mentions(n.value):
+            return True
+    return False
 
 
 def function_node(lines: list[str], cand: Candidate) -> cst.FunctionDef:
@@ -146,26 +197,35 @@ def function_node(lines: list[str], cand: Candidate) -> cst.FunctionDef:
     return node
 
 
-class FunctionIndex(cst.CSTVisitor):
-    """Qualified names of a libcst module's functions, in source order."""
+_BLOCKS = (
+    cst.BaseSuite,
+    cst.BaseCompoundStatement,
+    cst.Else,
+    cst.ExceptHandler,
+    cst.ExceptStarHandler,
+    cst.Finally,
+    cst.MatchCase,
+)
 
-    def __init__(self) -> None:
-        self.stack: list[str] = []
-        self.found: list[tuple[str, int, cst.FunctionDef]] = []
-        self._seen: dict[str, int] = {}
 
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.stack.append(node.name.value)
+def index_functions(module: cst.Module) -> list[tuple[str, int, cst.FunctionDef]]:
+    """(qualname, occurrence, node) of every function, in source order; the
+    same names and order as :func:`candidates` gives from ``ast``."""
+    found: list[tuple[str, int, cst.FunctionDef]] = []
+    seen: dict[str, int] = {}
 
-    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
-        self.stack.pop()
+    def visit(node: cst.CSTNode, prefix: str) -> None:
+        for child in children_of(node):
+            if isinstance(child, cst.ClassDef):
+                visit(child, f"{prefix}{child.name.value}.")
+            elif isinstance(child, cst.FunctionDef):
+                qual = f"{prefix}{child.name.value}"
+                occurrence = seen.get(qual, 0)
+                seen[qual] = occurrence + 1
+                found.append((qual, occurrence, child))
+                visit(child, f"{qual}.")
+            elif isinstance(child, _BLOCKS):
+                visit(child, prefix)
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        qual = ".".join([*self.stack, node.name.value])
-        occurrence = self._seen.get(qual, 0)
-        self._seen[qual] = occurrence + 1
-        self.found.append((qual, occurrence, node))
-        self.stack.append(node.name.value)
-
-    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
-        self.stack.pop()
+    visit(module, "")
+    return found

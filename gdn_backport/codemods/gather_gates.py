@@ -12,7 +12,7 @@ from libcst.codemod import Codemod, CodemodContext, SkipFile
 
 from gdn_backport import locate
 from gdn_backport.analysis import SiteAnalysis, SpecCall, Status, analyse
-from gdn_backport.dataflow import Def, Flow, _names_in
+from gdn_backport.dataflow import Def, Flow, _names_in, walk
 from gdn_backport.patchset import Patchset, load
 from gdn_backport.provenance import Prov, consistent
 
@@ -99,12 +99,10 @@ class _Planner:
         self.blocks: dict[int, tuple[cst.IndentedBlock, int]] = {}
         self.fresh: dict[tuple[str, int], str] = {}
 
-        class Blocks(cst.CSTVisitor):
-            def visit_IndentedBlock(inner, node: cst.IndentedBlock) -> None:
+        for node in walk(func):
+            if isinstance(node, cst.IndentedBlock):
                 for i, stmt in enumerate(node.body):
                     self.blocks[id(stmt)] = (node, i)
-
-        func.visit(Blocks())
 
     def _gate_defs_at(self, stmt: cst.CSTNode, name: str) -> set[int]:
         env = self.flow.env_after.get(id(stmt), {})
@@ -242,18 +240,19 @@ class _Rewriter(cst.CSTTransformer):
 
 
 def site_functions(
-    tree: cst.Module, patchset: Patchset
+    tree: cst.Module, patchset: Patchset, text: str | None = None
 ) -> tuple[dict[str, str], list[tuple[str, int, cst.FunctionDef]]]:
-    """The module's imports and the functions worth analysing, in order."""
-    text = tree.code
+    """The module's imports and the functions worth analysing, in order.
+
+    ``text`` is ``tree.code`` when the caller has it (generating it again
+    costs as much as parsing)."""
+    text = tree.code if text is None else text
     parsed = ast.parse(text)
     wanted = {
         (c.qualname, c.occurrence)
         for c in locate.candidates(parsed, text.splitlines(keepends=True), patchset)
     }
-    index = locate.FunctionIndex()
-    tree.visit(index)
-    funcs = [f for f in index.found if (f[0], f[1]) in wanted]
+    funcs = [f for f in locate.index_functions(tree) if (f[0], f[1]) in wanted]
     return locate.module_imports(parsed), funcs
 
 
@@ -586,12 +585,18 @@ class GatherGatesCodemod(Codemod):
 
     DESCRIPTION: str = "Backport vLLM PR #51812: gather GDN spec-kernel gate rows."
 
-    def __init__(self, context: CodemodContext | None = None) -> None:
+    def __init__(self, context: CodemodContext | None = None, source: str | None = None) -> None:
         super().__init__(context or CodemodContext())
+        self.source = source  # the module's text, if the caller has it
+        self.rewritten: str | None = None  # the result's text, once proven
+
+    def transform_module(self, tree: cst.Module) -> cst.Module:
+        # No metadata is used: skip the MetadataWrapper's deep copy of the tree.
+        return self.transform_module_impl(tree)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         patchset = load()
-        imports, funcs = site_functions(tree, patchset)
+        imports, funcs = site_functions(tree, patchset, self.source)
         plans: list[tuple[str, int, _Plan]] = []
         for qual, occurrence, func in funcs:
             result = analyse(func, patchset, imports)
@@ -615,14 +620,16 @@ class GatherGatesCodemod(Codemod):
         expected = set(merged.inserts) | set(merged.swaps)
         if rewriter.applied != expected:
             raise Refusal("some planned edits found no place in the tree")
-        self._prove(new_tree, patchset, {(q, o) for q, o, _ in plans})
+        self.rewritten = self._prove(new_tree, patchset, {(q, o) for q, o, _ in plans})
         return new_tree
 
     @staticmethod
-    def _prove(tree: cst.Module, patchset: Patchset, sites: set[tuple[str, int]]) -> None:
-        """Re-analyse the rewritten sites: each must now be aligned."""
-        compile(tree.code, "<rewritten>", "exec")
-        imports, funcs = site_functions(tree, patchset)
+    def _prove(tree: cst.Module, patchset: Patchset, sites: set[tuple[str, int]]) -> str:
+        """Re-analyse the rewritten sites: each must now be aligned. Returns
+        the rewritten text."""
+        text = tree.code
+        compile(text, "<rewritten>", "exec")
+        imports, funcs = site_functions(tree, patchset, text)
         seen = set()
         for qual, occurrence, func in funcs:
             if (qual, occurrence) not in sites:
@@ -634,6 +641,7 @@ class GatherGatesCodemod(Codemod):
                 raise Refusal(f"{qual}: the rewrite does not prove aligned ({got})")
         if seen != sites:
             raise Refusal("a rewritten site disappeared from the analysis")
+        return text
 
     # Examples, run by tests/test_codemods.py (before -> after; after again ->
     # unchanged; refusals leave the source alone and say why). They are

@@ -12,12 +12,13 @@ from gdn_backport.patchset import load
 CODEMODS = load().codemods
 
 
-def codemod(strategy: str) -> Codemod:
-    """A fresh codemod instance for ``strategy`` (``gather``, ``kernel``)."""
+def codemod(strategy: str, source: str | None = None) -> Codemod:
+    """A fresh codemod instance for ``strategy`` (``gather``, ``kernel``);
+    ``source``: the text of the module it will be given, if known."""
     target = CODEMODS.get(strategy)
     if target is None:
         raise UsageError(f"--strategy {strategy}: no codemod in patchsets/pr51812.toml")
     module, _, name = target.rpartition(".")
     cls = getattr(importlib.import_module(module), name)
-    instance: Codemod = cls()
+    instance: Codemod = cls(source=source)
     return instance
