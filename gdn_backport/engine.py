@@ -103,7 +103,8 @@ def _rewrite(strategy: str, path: Path, text: str) -> str | None:
         new_tree = codemod.transform_module(cst.parse_module(text))
     except SkipFile:
         return None
-    except Exception as exc:  # noqa: BLE001 - any failure is a refusal, never a write
+    except Exception as exc:
+        # Whatever went wrong inside the codemod, the file is not written.
         raise UsageError(f"{path}: refused: {exc}") from exc
     rewritten = getattr(codemod, "rewritten", None)
     return rewritten if isinstance(rewritten, str) else new_tree.code
