@@ -22,7 +22,7 @@ import libcst as cst
 
 from gdn_backport.dataflow import CallRecord, Flow, FlowWalker, Vals, code
 from gdn_backport.patchset import KernelSpec, Patchset
-from gdn_backport.provenance import Prov, Val, consistent
+from gdn_backport.provenance import GATHERED, NONE_VAL, Prov, Val, consistent
 
 
 class Status(str, enum.Enum):
@@ -147,6 +147,10 @@ def _spec_call(record: CallRecord, kernel: KernelSpec) -> SpecCall | None:
             Status.UNKNOWN,
             f"{kernel.name}: no {missing} argument found",
         )
+    if kernel.token_index is not None:
+        # The kernel gathers the gate rows itself by this index.
+        index = bound.get(kernel.token_index, frozenset({NONE_VAL}))
+        gates = [GateUse(g.param, g.arg, _selected(g.vals, index)) for g in gates]
     q_param = next(iter(rows))
     for other, vals in rows.items():
         bad = _compare(rows[q_param], vals, path)
@@ -181,6 +185,24 @@ def _spec_call(record: CallRecord, kernel: KernelSpec) -> SpecCall | None:
         status,
         f"{kernel.name}: gates ({names}) carry the same rows as q/k/v on every path",
     )
+
+
+def _selected(gate: Vals, index: Vals) -> Vals:
+    """The rows a kernel reads from ``gate`` when it selects them by ``index``."""
+    out = set()
+    for g in gate:
+        for i in index:
+            a = consistent(g.assume, i.assume)
+            if a is None:
+                continue
+            if i.prov is Prov.NONE:
+                prov = g.prov
+            elif i.prov in GATHERED and g.prov is Prov.ALL:
+                prov = GATHERED[i.prov]
+            else:
+                prov = Prov.CONFLICT
+            out.add(Val(a, prov, g.defs | i.defs))
+    return frozenset(out)
 
 
 def _unknown_consumer(record: CallRecord, patchset: Patchset, flow: Flow) -> str | None:

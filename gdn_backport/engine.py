@@ -92,13 +92,13 @@ def _diff(rel: str, old: str, new: str) -> str:
     )
 
 
-def _rewrite(strategy: str, path: Path, text: str) -> str | None:
+def _rewrite(strategy: str, path: Path, text: str, root: Path) -> str | None:
     """The rewritten source, None if nothing to do; UsageError on refusal.
 
     The same steps as ``libcst.codemod.transform_module``, minus a second
     code generation: the codemod hands back the text it proved.
     """
-    codemod = registry.codemod(strategy, source=text)
+    codemod = registry.codemod(strategy, source=text, tree=root)
     try:
         new_tree = codemod.transform_module(cst.parse_module(text))
     except SkipFile:
@@ -131,7 +131,7 @@ def apply_tree(path: Path, strategy: str = "gather", mode: Mode = Mode.WRITE) ->
             out.changes.extend(SiteChange(s, s, False) for s in before)
             continue
         try:
-            new = _rewrite(strategy, file, text)
+            new = _rewrite(strategy, file, text, root)
         except UsageError as exc:
             out.refused.append((rel, str(exc).split(": refused: ", 1)[-1]))
             out.changes.extend(SiteChange(s, s, False) for s in before)

@@ -167,8 +167,13 @@ def run(
         _, sites = scan_tree(sources.release_tree(release.version))
         res = check(release, sites)
         if with_roundtrip and release.status is Status.AFFECTED:
-            res = Result(res.release, res.found, res.sites,
-                         res.problems + tuple(roundtrip(release)), 0.0)  # fmt: skip
+            extra = tuple(
+                f"{strategy}: {p}"
+                for strategy in release.strategies
+                for p in roundtrip(release, strategy)
+            )
+            res = Result(res.release, res.found, res.sites, res.problems + extra, 0.0)
+
         results.append(
             Result(res.release, res.found, res.sites, res.problems, time.perf_counter() - t0)
         )

@@ -27,7 +27,8 @@ def _examples(kind: str) -> list[object]:
 
 
 def _run(name: str, source: str) -> object:
-    codemod: Codemod = CODEMODS[name]()
+    cls = CODEMODS[name]
+    codemod: Codemod = cls(**getattr(cls, "EXAMPLE_ARGS", {}))
     return transform_module(codemod, source)
 
 

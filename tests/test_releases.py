@@ -35,6 +35,7 @@ def test_olmo_layer_is_reported_not_affected(release) -> None:  # type: ignore[n
     assert "g_spec" in olmo[0].reason
 
 
+@pytest.mark.parametrize("strategy", ["gather", "kernel"])
 @pytest.mark.parametrize("version", ["0.18.1", "0.21.0", "0.27.1"])
-def test_apply_roundtrip(version: str) -> None:
-    assert matrix.roundtrip(BY_VERSION[version]) == []
+def test_apply_roundtrip(version: str, strategy: str) -> None:
+    assert matrix.roundtrip(BY_VERSION[version], strategy) == []

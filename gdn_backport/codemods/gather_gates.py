@@ -2,37 +2,18 @@
 
 from __future__ import annotations
 
-import ast
-from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import ClassVar
 
 import libcst as cst
-from libcst.codemod import Codemod, CodemodContext, SkipFile
 
-from gdn_backport import locate
-from gdn_backport.analysis import SiteAnalysis, SpecCall, Status, analyse
-from gdn_backport.dataflow import Def, Flow, _names_in, walk
-from gdn_backport.patchset import Patchset, load
-from gdn_backport.provenance import Prov, consistent
+from gdn_backport.analysis import SpecCall
+from gdn_backport.codemods.base import Edit, Plan, Planner, Refusal, SiteCodemod, live
+from gdn_backport.provenance import Prov, Val
 
 
-class Refusal(Exception):
-    """The codemod cannot prove a rewrite correct: the file stays as it is."""
-
-
-@dataclass
-class _Plan:
-    inserts: dict[int, list[cst.SimpleStatementLine]] = field(
-        default_factory=lambda: defaultdict(list)
-    )
-    swaps: dict[int, str] = field(default_factory=dict)  # id(Arg) -> new name
-
-
-def _index_select_dim0(call: cst.Call) -> bool:
+def _dim0(call: cst.Call, torch_form: bool) -> bool:
     pos = [a for a in call.args if a.keyword is None]
     kw = {a.keyword.value: a for a in call.args if a.keyword is not None}
-    torch_form = dotted_owner(call) == "torch"
     dim = (
         (pos[1] if len(pos) > 1 else kw.get("dim"))
         if torch_form
@@ -41,219 +22,57 @@ def _index_select_dim0(call: cst.Call) -> bool:
     return dim is not None and isinstance(dim.value, cst.Integer) and dim.value.value == "0"
 
 
-def dotted_owner(call: cst.Call) -> str | None:
+def _is_torch_call(call: cst.Call) -> bool:
     func = call.func
-    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
-        return func.value.value
-    return None
+    return (
+        isinstance(func, cst.Attribute)
+        and isinstance(func.value, cst.Name)
+        and func.value.value == "torch"
+    )
 
 
-def _mirror(gather: cst.BaseExpression, gate: str) -> cst.BaseExpression:
-    """The spec gather of the q/k/v rows, applied to the gate instead."""
+def mirror(gather: cst.BaseExpression, base: str) -> cst.BaseExpression:
+    """The spec gather of the q/k/v rows, applied to ``base`` instead."""
     if isinstance(gather, cst.Subscript):
         if len(gather.slice) != 1:
             raise Refusal("the spec rows are gathered along a dimension other than 0")
-        return gather.with_changes(value=cst.Name(gate))
+        return gather.with_changes(value=cst.Name(base))
     assert isinstance(gather, cst.Call)
-    if not _index_select_dim0(gather):
+    torch_form = _is_torch_call(gather)
+    if not _dim0(gather, torch_form):
         raise Refusal("the spec rows are gathered along a dimension other than 0")
-    if dotted_owner(gather) == "torch":
+    if torch_form:
         first, *rest = gather.args
-        return gather.with_changes(args=[first.with_changes(value=cst.Name(gate)), *rest])
+        return gather.with_changes(args=[first.with_changes(value=cst.Name(base)), *rest])
     func = gather.func
     assert isinstance(func, cst.Attribute)
-    return gather.with_changes(func=func.with_changes(value=cst.Name(gate)))
+    return gather.with_changes(func=func.with_changes(value=cst.Name(base)))
 
 
-def _is_selection(stmt: cst.BaseStatement) -> bool:
-    """A line like the ones upstream puts its gate gathers after: plain
-    assignments of a name, ``None``, a slice or an ``index_select``."""
-    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-        return False
-    small = stmt.body[0]
-    if not isinstance(small, cst.Assign):
-        return False
-    value = small.value
-    if isinstance(value, cst.Call):
-        func = value.func
-        return isinstance(func, cst.Attribute) and func.attr.value == "index_select"
-    return isinstance(value, (cst.Name, cst.Subscript, cst.Attribute))
+def _rename_arg(new: str) -> Edit:
+    def edit(arg: cst.CSTNode) -> cst.CSTNode:
+        assert isinstance(arg, cst.Arg)
+        return arg.with_changes(value=cst.Name(new))
+
+    return edit
 
 
-def _latest(flow: Flow, defs: frozenset[int], name: str) -> int:
-    """The last definition of ``name`` a value went through (-1: none)."""
-    return max((i for i in defs if flow.defs[i].name == name), default=-1)
+def gate_name(arg: cst.Arg, param: str) -> str:
+    """The local name a gate argument passes; refuse anything else."""
+    if not isinstance(arg.value, cst.Name):
+        raise Refusal(f"gate {param} is passed as an expression, not a name")
+    return arg.value.value
 
 
-def _reads(expr: cst.BaseExpression | None, name: str) -> bool:
-    return expr is not None and any(n.value == name for n in _names_in(expr))
-
-
-class _Planner:
-    def __init__(self, func: cst.FunctionDef, result: SiteAnalysis) -> None:
-        assert result.flow is not None
-        self.func = func
-        self.flow = result.flow
-        self.result = result
-        self.taken = {n.value for n in _names_in(func)}
-        self.blocks: dict[int, tuple[cst.IndentedBlock, int]] = {}
-        self.fresh: dict[tuple[str, int], str] = {}
-
-        for node in walk(func):
-            if isinstance(node, cst.IndentedBlock):
-                for i, stmt in enumerate(node.body):
-                    self.blocks[id(stmt)] = (node, i)
-
-    def _gate_defs_at(self, stmt: cst.CSTNode, name: str) -> set[int]:
-        env = self.flow.env_after.get(id(stmt), {})
-        return {_latest(self.flow, v.defs, name) for v in env.get(name, frozenset())}
-
-    def _anchor(self, stmt: cst.CSTNode, reads: list[str]) -> cst.CSTNode:
-        """Where to insert after ``stmt``: the end of its run of simple
-        statements (upstream's placement), if every name the new line reads
-        still holds the same value there; else right after ``stmt``."""
-        if id(stmt) not in self.blocks:
-            raise Refusal("the spec gather is not on a line of its own")
-        block, i = self.blocks[id(stmt)]
-        end = i
-        while end + 1 < len(block.body) and _is_selection(block.body[end + 1]):
-            end += 1
-        last = block.body[end]
-        if all(self._gate_defs_at(last, n) == self._gate_defs_at(stmt, n) for n in reads):
-            return last
-        return stmt
-
-    def _selection_defs(self, call: SpecCall, q_param: str) -> list[tuple[Def, str]]:
-        path = call.record.path
-        live = [v for v in call.rows[q_param] if consistent(v.assume, path) is not None]
-        closure = frozenset().union(*(v.defs for v in live))
-        gathers = [self.flow.defs[i] for i in sorted(closure) if self.flow.defs[i].gather]
-        spec_vars = {d.name for d in gathers}
-        if len(spec_vars) != 1:
-            raise Refusal(
-                "cannot find the one variable that gathers the spec rows of q/k/v"
-                f" (found {sorted(spec_vars) or 'none'})"
-            )
-        var = spec_vars.pop()
-        out: list[tuple[Def, str]] = []
-        for i in sorted(closure):
-            d = self.flow.defs[i]
-            if d.name != var or (d.gather is None and _reads(d.value, var)):
-                continue
-            if d.gather is not None:
-                out.append((d, "gather"))
-            elif d.value is not None and not (
-                isinstance(d.value, cst.Name) and d.value.value == "None"
-            ):
-                provs = {
-                    v.prov
-                    for v in self.flow.env_after.get(id(d.stmt), {}).get(var, frozenset())
-                    if i in v.defs
-                }
-                if provs != {Prov.ALL}:
-                    raise Refusal(f"`{var}` is set from rows the analysis cannot name")
-                out.append((d, "alias"))
-        return out
-
-    def plan(self) -> _Plan:
-        plan = _Plan()
-        for call in self.result.calls:
-            if call.status is Status.UNKNOWN:
-                raise Refusal(call.reason)
-            if call.status is not Status.AFFECTED:
-                continue
-            q_param = next(iter(call.rows))
-            selections = self._selection_defs(call, q_param)
-            path = call.record.path
-            for gate in call.gates:
-                live = [v for v in gate.vals if consistent(v.assume, path) is not None]
-                if all(v.prov is Prov.SPEC for v in live):
-                    continue
-                if not isinstance(gate.arg.value, cst.Name):
-                    raise Refusal(f"gate {gate.param} is passed as an expression, not a name")
-                name = gate.arg.value.value
-                if any(v.prov is not Prov.ALL for v in live):
-                    raise Refusal(f"gate `{name}` does not carry all token rows on every path")
-                at_call = {_latest(self.flow, v.defs, name) for v in live}
-                new = self._new_name(name, id(call.record.node))
-                for d, kind in selections:
-                    if self._gate_defs_at(d.stmt, name) != at_call:
-                        raise Refusal(
-                            f"`{name}` is reassigned between the spec gather and the kernel call"
-                        )
-                    if kind == "gather":
-                        assert d.gather is not None
-                        rhs = _mirror(d.gather, name)
-                    else:
-                        rhs = cst.Name(name)
-                    reads = sorted({n.value for n in _names_in(rhs)})
-                    anchor = self._anchor(d.stmt, reads)
-                    line = cst.SimpleStatementLine(
-                        [cst.Assign([cst.AssignTarget(cst.Name(new))], rhs)]
-                    )
-                    if not any(code_of(x) == code_of(line) for x in plan.inserts[id(anchor)]):
-                        plan.inserts[id(anchor)].append(line)
-                plan.swaps[id(gate.arg)] = new
-        return plan
-
-    def _new_name(self, gate: str, call: int) -> str:
-        key = (gate, call)
-        if key not in self.fresh:
-            base = f"{gate}_spec"
-            name, n = base, 1
-            while name in self.taken:
-                n += 1
-                name = f"{base}{n}"
-            self.taken.add(name)
-            self.fresh[key] = name
-        return self.fresh[key]
-
-
-def code_of(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)
-
-
-class _Rewriter(cst.CSTTransformer):
-    def __init__(self, plan: _Plan) -> None:
-        self.plan = plan
-        self.applied: set[int] = set()
-
-    def leave_IndentedBlock(
-        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
-    ) -> cst.IndentedBlock:
-        if not any(id(s) in self.plan.inserts for s in original_node.body):
-            return updated_node
-        body: list[cst.BaseStatement] = []
-        for orig, upd in zip(original_node.body, updated_node.body, strict=True):
-            body.append(upd)
-            if id(orig) in self.plan.inserts:
-                body.extend(self.plan.inserts[id(orig)])
-                self.applied.add(id(orig))
-        return updated_node.with_changes(body=body)
-
-    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
-        new = self.plan.swaps.get(id(original_node))
-        if new is None:
-            return updated_node
-        self.applied.add(id(original_node))
-        return updated_node.with_changes(value=cst.Name(new))
-
-
-def site_functions(
-    tree: cst.Module, patchset: Patchset, text: str | None = None
-) -> tuple[dict[str, str], list[tuple[str, int, cst.FunctionDef]]]:
-    """The module's imports and the functions worth analysing, in order.
-
-    ``text`` is ``tree.code`` when the caller has it (generating it again
-    costs as much as parsing)."""
-    text = tree.code if text is None else text
-    parsed = ast.parse(text)
-    wanted = {
-        (c.qualname, c.occurrence)
-        for c in locate.candidates(parsed, text.splitlines(keepends=True), patchset)
-    }
-    funcs = [f for f in locate.index_functions(tree) if (f[0], f[1]) in wanted]
-    return locate.module_imports(parsed), funcs
+def check_gate(planner: Planner, call: SpecCall, name: str, vals: frozenset[Val]) -> None:
+    """The gate must carry all rows on every path and hold, at every spec
+    selection, the value the call sees. Returns its definitions at the call."""
+    if any(v.prov is not Prov.ALL for v in live(vals, call.record.path)):
+        raise Refusal(f"gate `{name}` does not carry all token rows on every path")
+    at_call = planner.defs_at_call(call, vals, name)
+    for sel in planner.selections(call):
+        if planner.defs_at(sel.definition.stmt, name) != at_call:
+            raise Refusal(f"`{name}` is reassigned between the spec gather and the kernel call")
 
 
 # --- examples ------------------------------------------------------------
@@ -571,7 +390,7 @@ def spec_step(self, mixed_qkv, b, a, md):
 """
 
 
-class GatherGatesCodemod(Codemod):
+class GatherGatesCodemod(SiteCodemod):
     """Gather the gate rows of every affected GDN spec-kernel call.
 
     For each site the analysis calls ``affected``, the q/k/v rows reach the
@@ -585,63 +404,22 @@ class GatherGatesCodemod(Codemod):
 
     DESCRIPTION: str = "Backport vLLM PR #51812: gather GDN spec-kernel gate rows."
 
-    def __init__(self, context: CodemodContext | None = None, source: str | None = None) -> None:
-        super().__init__(context or CodemodContext())
-        self.source = source  # the module's text, if the caller has it
-        self.rewritten: str | None = None  # the result's text, once proven
-
-    def transform_module(self, tree: cst.Module) -> cst.Module:
-        # No metadata is used: skip the MetadataWrapper's deep copy of the tree.
-        return self.transform_module_impl(tree)
-
-    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        patchset = load()
-        imports, funcs = site_functions(tree, patchset, self.source)
-        plans: list[tuple[str, int, _Plan]] = []
-        for qual, occurrence, func in funcs:
-            result = analyse(func, patchset, imports)
-            if result is None:
+    def plan_call(self, planner: Planner, call: SpecCall, plan: Plan) -> None:
+        path = call.record.path
+        for gate in call.gates:
+            if all(v.prov is Prov.SPEC for v in live(gate.vals, path)):
                 continue
-            if result.status is Status.UNKNOWN:
-                raise Refusal(f"{qual}: {result.reason}")
-            if result.status is Status.AFFECTED:
-                try:
-                    plans.append((qual, occurrence, _Planner(func, result).plan()))
-                except Refusal as exc:
-                    raise Refusal(f"{qual}: {exc}") from exc
-        if not plans:
-            raise SkipFile("no affected GDN spec path")
-        merged = _Plan()
-        for _, _, p in plans:
-            merged.inserts.update(p.inserts)
-            merged.swaps.update(p.swaps)
-        rewriter = _Rewriter(merged)
-        new_tree = tree.visit(rewriter)
-        expected = set(merged.inserts) | set(merged.swaps)
-        if rewriter.applied != expected:
-            raise Refusal("some planned edits found no place in the tree")
-        self.rewritten = self._prove(new_tree, patchset, {(q, o) for q, o, _ in plans})
-        return new_tree
-
-    @staticmethod
-    def _prove(tree: cst.Module, patchset: Patchset, sites: set[tuple[str, int]]) -> str:
-        """Re-analyse the rewritten sites: each must now be aligned. Returns
-        the rewritten text."""
-        text = tree.code
-        compile(text, "<rewritten>", "exec")
-        imports, funcs = site_functions(tree, patchset, text)
-        seen = set()
-        for qual, occurrence, func in funcs:
-            if (qual, occurrence) not in sites:
-                continue
-            seen.add((qual, occurrence))
-            result = analyse(func, patchset, imports)
-            if result is None or result.status not in (Status.FIXED, Status.NOT_AFFECTED):
-                got = "no site" if result is None else f"{result.status.value}: {result.reason}"
-                raise Refusal(f"{qual}: the rewrite does not prove aligned ({got})")
-        if seen != sites:
-            raise Refusal("a rewritten site disappeared from the analysis")
-        return text
+            name = gate_name(gate.arg, gate.param)
+            check_gate(planner, call, name, gate.vals)
+            new = planner.new_name(f"{name}_spec")
+            for sel in planner.selections(call):
+                d = sel.definition
+                if sel.kind == "gather":
+                    assert d.gather is not None
+                    planner.insert(plan, d, new, mirror(d.gather, name))
+                else:
+                    planner.insert(plan, d, new, cst.Name(name))
+            plan.edits[id(gate.arg)] = _rename_arg(new)
 
     # Examples, run by tests/test_codemods.py (before -> after; after again ->
     # unchanged; refusals leave the source alone and say why). They are

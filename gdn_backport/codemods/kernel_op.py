@@ -1,0 +1,230 @@
+"""The ``kernel`` strategy: call our op, which gathers the gate rows in-kernel."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any, ClassVar
+
+import libcst as cst
+from libcst.codemod.visitors import AddImportsVisitor
+
+from gdn_backport import locate
+from gdn_backport.analysis import SpecCall
+from gdn_backport.codemods.base import Plan, Planner, Refusal, SiteCodemod, live
+from gdn_backport.codemods.gather_gates import (
+    _MASKED,
+    _ONE_GATE,
+    _UPSTREAM_SHAPE,
+    _UPSTREAM_SHAPE_FIXED,
+    _WRAPPED_KERNEL,
+    check_gate,
+    gate_name,
+)
+from gdn_backport.provenance import Prov
+
+MODULE = "gdn_backport_kernels"
+OP = "gated_delta_rule_spec_update"
+SWAPPABLE = "fused_sigmoid_gating_delta_rule_update"
+# The op's wrapper takes vLLM's arguments in vLLM's order, except this one.
+UNSUPPORTED_ARGS = ("is_kda",)
+
+
+def _index_of(gather: cst.BaseExpression) -> cst.BaseExpression:
+    """The index expression of an ``index_select`` gather (masks refused)."""
+    if isinstance(gather, cst.Call):
+        func = gather.func
+        pos = [a.value for a in gather.args if a.keyword is None]
+        kw = {a.keyword.value: a.value for a in gather.args if a.keyword is not None}
+        torch_form = (
+            isinstance(func, cst.Attribute)
+            and isinstance(func.value, cst.Name)
+            and func.value.value == "torch"
+        )
+        index = (
+            (pos[2] if len(pos) > 2 else kw.get("index"))
+            if torch_form
+            else (pos[1] if len(pos) > 1 else kw.get("index"))
+        )
+        if index is not None:
+            return index
+    raise Refusal(
+        "the spec rows are selected by subscript (maybe a boolean mask); the op takes "
+        "token indices: use --strategy gather"
+    )
+
+
+def null_slot_id(tree: Path) -> int:
+    """The state-slot ids the tree's own spec kernel skips: ``<= returned``.
+
+    Read from the kernel's source by analysis: vLLM skipped ``state_idx < 0``
+    (PAD_SLOT_ID) up to 0.19 and ``state_idx <= 0`` (NULL_BLOCK_ID) after;
+    the op must skip exactly what the kernel it replaces skipped.
+    """
+    marker = f"def {SWAPPABLE}(".encode()
+    rules: dict[int, list[str]] = {}
+    for path in locate.python_files(tree):
+        data = path.read_bytes()
+        if marker not in data:
+            continue
+        for node in ast.walk(ast.parse(data, filename=str(path))):
+            if not (isinstance(node, ast.Compare) and len(node.ops) == 1):
+                continue
+            left, op, right = node.left, node.ops[0], node.comparators[0]
+            if not (
+                isinstance(left, ast.Name)
+                and "idx" in left.id
+                and isinstance(right, ast.Constant)
+                and right.value == 0
+            ):
+                continue
+            # skip when idx < 0 / store when idx >= 0: -1 is the null slot;
+            # skip when idx <= 0 / store when idx > 0: 0 is.
+            kind = {ast.Lt: -1, ast.GtE: -1, ast.LtE: 0, ast.Gt: 0}.get(type(op))
+            if kind is not None:
+                rules.setdefault(kind, []).append(f"{path}:{node.lineno}")
+    if len(rules) != 1:
+        found = "; ".join(f"{k}: {v}" for k, v in rules.items()) or "no slot check found"
+        raise Refusal(f"cannot tell which state slots the tree's {SWAPPABLE} skips ({found})")
+    return next(iter(rules))
+
+
+_UPSTREAM_SHAPE_SWAPPED = """\
+from gdn_backport_kernels import gated_delta_rule_spec_update
+
+class Layer:
+    def _forward_core(self, mixed_qkv, b, a, core_attn_out):
+        m = get_forward_context().attn_metadata[self.prefix]
+        spec_sequence_masks = m.spec_sequence_masks
+        spec_token_indx = m.spec_token_indx
+        non_spec_token_indx = m.non_spec_token_indx
+        spec_state_indices_tensor = m.spec_state_indices_tensor
+        non_spec_state_indices_tensor = m.non_spec_state_indices_tensor
+        ssm_state = self.kv_cache[1]
+        if spec_sequence_masks is not None:
+            if m.num_prefills == 0 and m.num_decodes == 0:
+                mixed_qkv_spec = mixed_qkv
+                mixed_qkv_non_spec = None
+                spec_token_rows = None
+            else:
+                mixed_qkv_spec = mixed_qkv.index_select(0, spec_token_indx)
+                mixed_qkv_non_spec = mixed_qkv.index_select(0, non_spec_token_indx)
+                spec_token_rows = spec_token_indx
+        else:
+            mixed_qkv_spec = None
+            mixed_qkv_non_spec = mixed_qkv
+        query_spec, key_spec, value_spec = self.rearrange_mixed_qkv(mixed_qkv_spec)
+        query, key, value = self.rearrange_mixed_qkv(mixed_qkv_non_spec)
+        if spec_sequence_masks is not None:
+            out_spec, _ = gated_delta_rule_spec_update(
+                A_log=self.A_log,
+                a=a,  # the gate rows the bug is about
+                b=b,
+                dt_bias=self.dt_bias,
+                q=query_spec,
+                k=key_spec,
+                v=value_spec,
+                initial_state=ssm_state,
+                ssm_state_indices=spec_state_indices_tensor,
+                num_accepted_tokens=m.num_accepted_tokens,
+                spec_token_indx=spec_token_rows,
+                null_slot_id=0,
+            )
+        if m.num_decodes > 0:
+            # The non-spec decode call: its a=a, b=b is right and stays.
+            out, _ = fused_sigmoid_gating_delta_rule_update(
+                A_log=self.A_log, a=a, b=b, dt_bias=self.dt_bias,
+                q=query, k=key, v=value, initial_state=ssm_state,
+                ssm_state_indices=non_spec_state_indices_tensor,
+            )
+"""
+
+
+class KernelOpCodemod(SiteCodemod):
+    """Swap each affected spec-kernel call for ``gdn_backport_kernels``' op.
+
+    The op takes the ungathered gates plus the spec token index and gathers
+    the gate rows inside the kernel. Next to each assignment that selects the
+    spec rows of q/k/v, a fresh name takes the index that selection used
+    (``spec_token_rows = spec_token_indx``) or ``None`` where q/k/v hold all
+    rows (the pure-spec path, which stays zero-copy); the call is renamed and
+    given ``spec_token_indx=`` that name and ``null_slot_id=`` the slot rule
+    read from the tree's own kernel. The import is added. The patched tree
+    then needs ``gdn-backport`` installed.
+    """
+
+    DESCRIPTION: str = "Backport vLLM PR #51812 by calling gdn_backport_kernels' op."
+
+    def __init__(self, *args: Any, null_slot_id: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Given by the caller, or read from the tree's kernel on first use.
+        self.null_slot_id = null_slot_id
+
+    def plan_call(self, planner: Planner, call: SpecCall, plan: Plan) -> None:
+        if call.kernel.name != SWAPPABLE:
+            raise Refusal(f"only {SWAPPABLE} calls can be swapped for the op")
+        node = call.record.node
+        if any(a.keyword is not None and a.keyword.value in UNSUPPORTED_ARGS for a in node.args):
+            raise Refusal(f"the op has no {', '.join(UNSUPPORTED_ARGS)} argument")
+        for gate in call.gates:
+            if any(v.prov is Prov.SPEC for v in live(gate.vals, call.record.path)):
+                raise Refusal("a gate is already gathered here: use --strategy gather")
+            check_gate(planner, call, gate_name(gate.arg, gate.param), gate.vals)
+        slot = self.null_slot_id
+        if slot is None:
+            if self.tree is None:
+                raise Refusal("the kernel strategy needs the whole tree (to read its kernel)")
+            slot = self.null_slot_id = null_slot_id(self.tree)
+        rows = planner.new_name("spec_token_rows")
+        for sel in planner.selections(call):
+            d = sel.definition
+            if sel.kind == "gather":
+                assert d.gather is not None
+                planner.insert(plan, d, rows, _index_of(d.gather))
+            else:
+                planner.insert(plan, d, rows, cst.Name("None"))
+
+        def swap(updated: cst.CSTNode) -> cst.CSTNode:
+            assert isinstance(updated, cst.Call)
+            tight = cst.AssignEqual(
+                whitespace_before=cst.SimpleWhitespace(""),
+                whitespace_after=cst.SimpleWhitespace(""),
+            )
+            value: cst.BaseExpression = cst.Integer(str(abs(slot)))
+            if slot < 0:
+                value = cst.UnaryOperation(cst.Minus(), value)
+            extra = [
+                cst.Arg(cst.Name(rows), keyword=cst.Name("spec_token_indx"), equal=tight),
+                cst.Arg(value, keyword=cst.Name("null_slot_id"), equal=tight),
+            ]
+            args = list(updated.args)
+            # Lay the new arguments out like the call's own: the separator of
+            # the second-last argument (newline + indent in a multi-line call)
+            # between them, the last argument's own ending after them.
+            sep = (
+                args[-2].comma
+                if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma)
+                else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            )
+            ending = args[-1].comma if args else cst.MaybeSentinel.DEFAULT
+            if args:
+                args[-1] = args[-1].with_changes(comma=sep)
+            extra[0] = extra[0].with_changes(comma=sep)
+            extra[-1] = extra[-1].with_changes(comma=ending)
+            return updated.with_changes(func=cst.Name(OP), args=[*args, *extra])
+
+        plan.edits[id(node)] = swap
+        AddImportsVisitor.add_needed_import(self.context, MODULE, OP)
+
+    def finish(self, tree: cst.Module) -> cst.Module:
+        return AddImportsVisitor(self.context).transform_module(tree)
+
+    # Examples (tests/test_codemods.py), run with the slot rule given.
+    EXAMPLE_ARGS: ClassVar[dict[str, Any]] = {"null_slot_id": 0}
+    REWRITES: ClassVar[tuple[tuple[str, str], ...]] = ((_UPSTREAM_SHAPE, _UPSTREAM_SHAPE_SWAPPED),)
+    UNCHANGED: ClassVar[tuple[str, ...]] = (_UPSTREAM_SHAPE_SWAPPED, _UPSTREAM_SHAPE_FIXED)
+    REFUSES: ClassVar[tuple[tuple[str, str], ...]] = (
+        (_MASKED, "use --strategy gather"),
+        (_ONE_GATE, "already gathered"),
+        (_WRAPPED_KERNEL, "not a known kernel"),
+    )
