@@ -9,6 +9,7 @@ libcst and analysed. Nothing of the target is imported or executed.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -60,9 +61,15 @@ def decode(path: Path, data: bytes) -> str:
         raise UsageError(f"{path}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
 
 
+@functools.lru_cache(maxsize=8)
+def _parse(text: str) -> ast.Module:
+    # apply parses the same text up to three times (scan, plan, proof).
+    return ast.parse(text)
+
+
 def parse_ast(path: Path, text: str) -> ast.Module:
     try:
-        return ast.parse(text, filename=str(path))
+        return _parse(text)
     except SyntaxError as exc:
         raise UsageError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from exc
     except ValueError as exc:  # e.g. NUL bytes inside the source

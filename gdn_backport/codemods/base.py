@@ -10,7 +10,6 @@ aligned, or the codemod fails and nothing is written.
 
 from __future__ import annotations
 
-import ast
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -211,7 +210,7 @@ def site_functions(
     ``text`` is ``tree.code`` when the caller has it (generating it again
     costs as much as parsing)."""
     text = tree.code if text is None else text
-    parsed = ast.parse(text)
+    parsed = locate.parse_ast(Path("<module>"), text)
     wanted = {
         (c.qualname, c.occurrence)
         for c in locate.candidates(parsed, text.splitlines(keepends=True), patchset)
@@ -289,7 +288,7 @@ class SiteCodemod(Codemod):
         """Re-analyse the rewritten sites: each must now be aligned. Returns
         the rewritten text."""
         text = tree.code
-        compile(text, "<rewritten>", "exec")
+        compile(locate.parse_ast(Path("<rewritten>"), text), "<rewritten>", "exec")
         imports, funcs = site_functions(tree, patchset, text)
         seen = set()
         for qual, occurrence, func in funcs:
