@@ -1,8 +1,23 @@
-"""nox sessions: tests, lint (and, from matrix/, one session per release cell)."""
+"""nox sessions: tests, lint, and one session per matrix cell (matrix/releases.toml).
+
+    nox -l                                  # every session, cells included
+    nox -s "cell(0.25.1-gather)"            # one cell: fetch, patch a copy, scan, verify
+    nox -t affected                         # the cells of every affected release
+    nox -s matrix                           # every cell in one process, summary table
+    nox --no-venv -s matrix                 # the same with this interpreter's packages
+
+A cell's id is ``<release>-<strategy>``; nox names the session ``cell(<id>)``
+(the id replaces nox's default ``cell(release='0.25.1', strategy='gather')``).
+Arguments after ``--`` go to ``gdn-backport matrix --run``: ``--device cuda``,
+``--scenario NAME``, ``--heads H,HV,D``, ``--results DIR`` (``--junit-dir``),
+``--tree PATH``. See docs/ci.md.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import nox
 
@@ -12,11 +27,70 @@ nox.options.reuse_existing_virtualenvs = True
 # The CPU build of torch lies on local disk here; a bare `torch` would pull a
 # multi-GB CUDA build. Users bring their own torch: the package asks a range.
 TORCH = os.environ.get("GDN_BACKPORT_TORCH", "torch==2.13.0")
+# vLLM's FLA kernels, which the regression suite runs from each release, need
+# block pointers (gone in triton 3.9); 3.6 is also what the GPU machines have.
+TRITON = os.environ.get("GDN_BACKPORT_TRITON", "triton==3.6.0")
+
+# The matrix as data. The noxfile must load without the package installed,
+# so the strategy rule of gdn_backport.matrix is restated here (one line);
+# tests/test_noxfile.py holds both to the same cells.
+MATRIX = nox.project.load_toml(Path(__file__).parent / "matrix" / "releases.toml")
+
+
+def _cells() -> list[nox.param]:
+    params = []
+    for r in MATRIX["release"]:
+        strategies = ("gather", "kernel") if r["status"] == "affected" else ("none",)
+        for s in strategies:
+            # wheel_only releases (0.15.x, ~500 MB wheels) run only when named.
+            tags = ["wheel-only"] if r.get("wheel_only") else ["cells", "gpu", r["status"], s]
+            params.append(nox.param(r["version"], s, id=f"{r['version']}-{s}", tags=tags))
+    for t in MATRIX.get("tree", []):
+        for s in t.get("strategies", ["gather"]):
+            params.append(nox.param(t["name"], s, id=f"{t['name']}-{s}", tags=["tree", "gpu", s]))
+    return params
+
+
+# Prints the versions and whether torch sees a GPU (last line: cuda or cpu).
+_PROBE = """
+import importlib.metadata as m, platform, torch
+def v(d):
+    try:
+        return m.version(d)
+    except m.PackageNotFoundError:
+        return "not installed"
+gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
+print("python", platform.python_version(), "gdn-backport", v("gdn-backport"), "torch",
+      v("torch"), "triton", v("triton"), "|", gpu)
+print("cuda" if torch.cuda.is_available() else "cpu")
+"""
 
 
 def install(session: nox.Session, extra: str) -> None:
-    session.install(TORCH)
-    session.install("-e", f".[{extra}]")
+    if session.venv_backend == "none":
+        # --no-venv / venv_backend="none": the interpreter's packages as they are.
+        session.log("no virtualenv: using the packages of " + sys.executable)
+        return
+    session.install(TORCH, TRITON, "-e", f".[{extra}]")
+
+
+def cells_impl(session: nox.Session, *select: str) -> None:
+    """Shared by the cell sessions and `matrix`: install, versions, run the cells."""
+    install(session, "test")
+    python = sys.executable if session.venv_backend == "none" else "python"
+    probe = session.run(python, "-c", _PROBE, silent=True)
+    lines = str(probe).strip().splitlines()
+    session.log(lines[0] if lines else "versions: unknown")
+    args = list(session.posargs)
+    if lines and lines[-1] != "cuda" and _wants_cuda(args):
+        session.skip("--device cuda asked for, but torch sees no CUDA device")
+    session.run(python, "-m", "gdn_backport", "matrix", "--run", *select, *args)
+
+
+def _wants_cuda(args: list[str]) -> bool:
+    return "--device=cuda" in args or any(
+        a == "--device" and b == "cuda" for a, b in zip(args, args[1:], strict=False)
+    )
 
 
 @nox.session
@@ -31,7 +105,12 @@ def tests(session: nox.Session) -> None:
     session.run(
         "pytest",
         *session.posargs,
-        env={"TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1")},
+        env={
+            # Before anything imports triton: CPU runs of the real kernels.
+            "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1"),
+            # The kernels must run here: a Triton that cannot is a failure.
+            "GDN_BACKPORT_REQUIRE_TRITON": "1",
+        },
     )
 
 
@@ -42,3 +121,16 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy", "gdn_backport", "kernels/gdn_backport_kernels")
+
+
+@nox.session(default=False)
+@nox.parametrize(("target", "strategy"), _cells())
+def cell(session: nox.Session, target: str, strategy: str) -> None:
+    """One matrix cell: fetch, patch a copy, scan, verify (GPU or CPU), JUnit XML."""
+    cells_impl(session, "--cell", f"{target}-{strategy}")
+
+
+@nox.session(default=False, tags=["gpu"])
+def matrix(session: nox.Session) -> None:
+    """Every cell in one process and environment; summary table, JSON and Markdown."""
+    cells_impl(session)

@@ -13,12 +13,16 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gdn_backport import __version__, sources
 from gdn_backport.engine import Mode, Outcome, apply_tree, revert_tree
 from gdn_backport.errors import UsageError
 from gdn_backport.report import table
 from gdn_backport.scan import Site, scan_tree
+
+if TYPE_CHECKING:
+    from gdn_backport import matrix
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,13 +63,26 @@ def build_parser() -> argparse.ArgumentParser:
     _target(p, write=True)
     p.add_argument("--dry-run", action="store_true", help="print the diff, change nothing")
 
+    p = sub.add_parser("verify", help="run the mixed-batch regression suite against a tree")
+    _target(p)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu runs the tree's Triton kernels under the interpreter")  # fmt: skip
+    p.add_argument("--scenario", action="append", metavar="NAME", help="only these scenarios")
+    p.add_argument(
+        "--heads",
+        metavar="H,HV,D",
+        help="layer shape: key heads, value heads, head dim (default: small CPU shape)",
+    )
+
     p = sub.add_parser("fetch", help="a release's sources from PyPI into the cache")
     p.add_argument("versions", nargs="*", metavar="X.Y.Z")
     p.add_argument("--matrix", action="store_true", help="every release in matrix/")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("matrix", help="scan every release of the matrix, compare with expected")
-    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--format", choices=["table", "json", "github", "buildkite"], default="table",
+                   help="github: a strategy.matrix (JSON) of the cells; buildkite: a pipeline "
+                   "(YAML), one step per cell")  # fmt: skip
     p.add_argument("--json", action="store_true", help="same as --format json")
     p.add_argument("--release", action="append", metavar="X.Y.Z", help="only these releases")
     p.add_argument(
@@ -74,7 +91,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="also patch a copy of each affected release: fixed after apply, "
         "idempotent, byte-identical after revert",
     )
+    _matrix_cells(p)
     return parser
+
+
+def _matrix_cells(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run", action="store_true", help="run the cells (fetch, patch, scan, verify)")
+    p.add_argument("--cell", action="append", metavar="ID", help="only this cell: 0.25.1-gather")
+    p.add_argument("--strategy", action="append", metavar="S", help="none, gather or kernel")
+    p.add_argument("--tree", action="append", type=Path, metavar="PATH",
+                   help="a fork's own tree (the directory holding vllm/) as a target")  # fmt: skip
+    p.add_argument("--ref", default="", help="with --tree: the tree at this git ref")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: cuda when torch sees a GPU, else the CPU interpreter")  # fmt: skip
+    p.add_argument("--scenario", action="append", metavar="NAME", help="only these scenarios")
+    p.add_argument("--heads", metavar="H,HV,D", help="layer shape (GPU default 16,32,128)")
+    p.add_argument("--results", "--junit-dir", type=Path, default=Path(".nox-results"),
+                   help="JUnit XML per cell, summary.json and .md (.nox-results)")  # fmt: skip
+    p.add_argument("--queue", default="gpu", help="--format buildkite: the agent queue")
 
 
 def _resolve(args: argparse.Namespace, write: bool) -> Path:
@@ -149,7 +183,8 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
     versions = list(args.versions)
     if args.matrix:
-        versions += [r.version for r in matrix.load().releases]
+        # wheel_only releases (0.15.x: ~500 MB wheels) only when named.
+        versions += [r.version for r in matrix.load().releases if not r.wheel_only]
     if not versions:
         raise UsageError("fetch: name a release (X.Y.Z) or --matrix")
     trees = {v: str(sources.release_tree(v)) for v in versions}
@@ -161,8 +196,25 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
-    from gdn_backport import matrix
+    from gdn_backport import ci_export, matrix
 
+    fmt = "json" if args.json else args.format
+    if args.run or fmt in ("github", "buildkite") or args.cell or args.tree:
+        if args.run and fmt in ("github", "buildkite"):
+            raise UsageError(f"matrix: --run and --format {fmt} exclude each other")
+        if not args.run and fmt not in ("github", "buildkite"):
+            raise UsageError("matrix: --cell/--tree need --run or --format github|buildkite")
+        trees = [matrix.adhoc_tree(t, args.ref) for t in args.tree or ()]
+        cells = matrix.cells(matrix.load(), args.release, args.strategy, args.cell, trees)
+        if not cells:
+            raise UsageError("matrix: no cell matches")
+        if fmt == "github":
+            print(ci_export.github_json(cells))
+            return 0
+        if fmt == "buildkite":
+            print(ci_export.buildkite_yaml(cells, args.queue), end="")
+            return 0
+        return _run_cells(args, cells, fmt)
     results = matrix.run(matrix.load(), only=args.release, with_roundtrip=args.roundtrip)
     if args.json or args.format == "json":
         print(json.dumps([r.to_json() for r in results], indent=2))
@@ -171,10 +223,56 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+def _run_cells(args: argparse.Namespace, cells: Sequence[matrix.Cell], fmt: str) -> int:
+    """``matrix --run``: versions first, a live line per cell, the summary last."""
+    import time
+
+    from gdn_backport import matrix
+
+    device = matrix.resolve_device(args.device)
+    heads = matrix.parse_heads(args.heads) if args.heads else None
+    options = matrix.RunOptions(device, tuple(args.scenario or ()), heads)
+    env = matrix.environment(options)
+    print(matrix.environment_line(env), file=sys.stderr)
+    print(f"{len(cells)} cell(s); scenarios: {', '.join(options.scenario_names())}",
+          file=sys.stderr)  # fmt: skip
+    t0 = time.perf_counter()
+    results = matrix.run_cells(cells, options, matrix.ProgressLine(sys.stderr))
+    seconds = time.perf_counter() - t0
+    files = matrix.write_results(results, env, args.results, seconds)
+    if fmt == "json":
+        print(json.dumps([r.to_json() for r in results], indent=2))
+    else:
+        print(matrix.render_cells(results, seconds))
+    print(f"results: {files[-2]}, {files[-1]}, JUnit XML per cell in {args.results}",
+          file=sys.stderr)  # fmt: skip
+    return matrix.exit_code(results)
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from gdn_backport.verify import verify_tree
+
+    heads = None
+    if args.heads:
+        try:
+            h, hv, dim = (int(x) for x in args.heads.split(","))
+        except ValueError as exc:
+            raise UsageError(f"--heads {args.heads}: expected H,HV,D (three integers)") from exc
+        heads = (h, hv, dim)
+    report = verify_tree(
+        _resolve(args, write=False), device=args.device, scenarios=args.scenario, heads=heads
+    )
+    print(report.to_json() if args.json else report.table())
+    if report.error:
+        print(f"gdn-backport: {report.tree}: {report.error}", file=sys.stderr)
+    return report.exit_code
+
+
 COMMANDS = {
     "scan": _cmd_scan,
     "apply": _cmd_apply,
     "revert": _cmd_revert,
+    "verify": _cmd_verify,
     "fetch": _cmd_fetch,
     "matrix": _cmd_matrix,
 }

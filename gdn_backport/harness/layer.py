@@ -1,0 +1,253 @@
+"""A layer object of the tree's own GDN class, holding real tensors.
+
+The tree's class is instantiated without its ``__init__`` (which builds
+projections, quantisation, configs); the attributes its ``_forward_core``
+path reads are found in the source (``self.X`` reads in ``_forward_core`` and
+in the methods it calls on ``self``) and each is given a value: weights
+(``A_log``, ``dt_bias``, ``conv1d``), head sizes, and the state pools
+``kv_cache`` in the release's layout (conv state ``(slots, state_len, dim)``,
+SSM state ``(slots, HV, V, K)`` or ``(slots, HV, K, V)`` as the release's
+``gated_delta_net_state_shape`` declares). An attribute without a rule fails
+with a message that names it.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from gdn_backport.harness.loader import HarnessError, LoadedTree
+
+__all__ = ["LayerShape", "build_layer", "self_attributes", "ssm_layout"]
+
+PREFIX = "model.layers.0.linear_attn"
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """Sizes of the GDN layer under test (small on CPU, see the tests)."""
+
+    num_k_heads: int = 2
+    num_v_heads: int = 4
+    head_k_dim: int = 16
+    head_v_dim: int = 16
+    conv_kernel: int = 4
+    num_spec: int = 3
+    dtype: torch.dtype = torch.float32
+    state_dtype: torch.dtype = torch.float32
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def conv_state_len(self) -> int:
+        return self.conv_kernel - 1 + self.num_spec
+
+
+def _function_ast(fn: Any) -> ast.FunctionDef | None:
+    try:
+        node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    except (OSError, TypeError, SyntaxError):
+        return None
+    return node if isinstance(node, ast.FunctionDef) else None
+
+
+def _class_attribute(cls: type, name: str) -> Any:
+    """``name`` as defined in the class body of ``cls`` or a base, else None
+    (bases that are auto-stubs answer every name: they are not asked)."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return None
+
+
+def self_attributes(layer_class: type) -> tuple[set[str], set[str]]:
+    """``self.X`` reads that are not methods: (read by ``_forward_core`` itself,
+    read by the methods it calls on ``self``, transitively)."""
+    direct: set[str] = set()
+    indirect: set[str] = set()
+    todo, seen = ["_forward_core"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node = _function_ast(getattr(layer_class, name))
+        if node is None:
+            continue
+        for sub in ast.walk(node):
+            if (
+                isinstance(sub, ast.Attribute)
+                and isinstance(sub.value, ast.Name)
+                and sub.value.id == "self"
+                and isinstance(sub.ctx, ast.Load)
+            ):
+                attr = _class_attribute(layer_class, sub.attr)
+                if inspect.isfunction(attr):
+                    todo.append(sub.attr)
+                elif isinstance(attr, property):
+                    continue
+                else:
+                    (direct if name == "_forward_core" else indirect).add(sub.attr)
+    return direct, indirect - direct
+
+
+def ssm_layout(loaded: LoadedTree) -> str:
+    """ "VK" or "KV": the order of the last two SSM state dims in this release,
+    read from ``MambaStateShapeCalculator.gated_delta_net_state_shape``."""
+    path = loaded.tree / "vllm" / "model_executor" / "layers" / "mamba" / "mamba_utils.py"
+    if path.is_file():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef) and node.name == "gated_delta_net_state_shape":
+                for sub in ast.walk(node):
+                    if (
+                        isinstance(sub, ast.Assign)
+                        and isinstance(sub.targets[0], ast.Name)
+                        and sub.targets[0].id == "temporal_state_shape"
+                    ):
+                        text = ast.unparse(sub.value)
+                        k, v = text.find("head_k_dim"), text.find("head_v_dim")
+                        if k >= 0 and v >= 0:
+                            return "VK" if v < k else "KV"
+    raise HarnessError(
+        f"{loaded.tree}: cannot read the SSM state layout from "
+        "MambaStateShapeCalculator.gated_delta_net_state_shape"
+    )
+
+
+def _kv_cache_is_per_engine(layer_class: type) -> bool:
+    """Older releases index ``self.kv_cache[forward_context.virtual_engine]``."""
+    node = _function_ast(layer_class._forward_core)  # type: ignore[attr-defined]
+    assert node is not None
+    for sub in ast.walk(node):
+        if (
+            isinstance(sub, ast.Subscript)
+            and isinstance(sub.value, ast.Attribute)
+            and sub.value.attr == "kv_cache"
+            and isinstance(sub.value.value, ast.Name)
+            and sub.value.value.id == "self"
+        ):
+            return not isinstance(sub.slice, ast.Constant)
+    return False
+
+
+@dataclass
+class LayerTensors:
+    """The weights and the state pools (the pools are what the step mutates)."""
+
+    A_log: torch.Tensor
+    dt_bias: torch.Tensor
+    conv_weight: torch.Tensor  # (conv_dim, 1, width)
+    conv_bias: torch.Tensor | None
+    conv_pool: torch.Tensor  # (slots, state_len, conv_dim)
+    ssm_pool: torch.Tensor  # (slots, HV, V, K) or (slots, HV, K, V)
+    ssm_layout: str
+
+
+def make_tensors(
+    shape: LayerShape, num_slots: int, layout: str, device: torch.device, seed: int
+) -> LayerTensors:
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*size: int, scale: float = 1.0) -> torch.Tensor:
+        return torch.randn(*size, generator=gen, dtype=torch.float64) * scale
+
+    hv, k, v = shape.num_v_heads, shape.head_k_dim, shape.head_v_dim
+    ssm_shape = (num_slots, hv, v, k) if layout == "VK" else (num_slots, hv, k, v)
+    return LayerTensors(
+        A_log=torch.log(torch.rand(hv, generator=gen, dtype=torch.float64) * 4 + 1)
+        .to(torch.float32)
+        .to(device),
+        dt_bias=rand(hv, scale=0.5).to(torch.float32).to(device),
+        conv_weight=rand(shape.conv_dim, 1, shape.conv_kernel, scale=0.5)
+        .to(shape.dtype)
+        .to(device),
+        conv_bias=rand(shape.conv_dim, scale=0.1).to(shape.dtype).to(device),
+        conv_pool=rand(num_slots, shape.conv_state_len, shape.conv_dim).to(shape.dtype).to(device),
+        ssm_pool=rand(*ssm_shape, scale=0.3).to(shape.state_dtype).to(device),
+        ssm_layout=layout,
+    )
+
+
+def _chunk_op(loaded: LoadedTree) -> Any:
+    """What ``self.chunk_gated_delta_rule`` is in the release: an instance of
+    its ``ChunkGatedDeltaRule`` op, else the FLA function the module imports."""
+    assert loaded.module is not None
+    globals_ = loaded.module.__dict__
+    op_class = globals_.get("ChunkGatedDeltaRule")
+    if isinstance(op_class, type):
+        with loaded.active():
+            return op_class()
+    for name in ("fla_chunk_gated_delta_rule", "chunk_gated_delta_rule"):
+        if callable(globals_.get(name)):
+            return globals_[name]
+    raise HarnessError(f"{loaded.site}: no chunk_gated_delta_rule op to give the layer")
+
+
+def _attribute_rules(
+    loaded: LoadedTree, shape: LayerShape, tensors: LayerTensors
+) -> dict[str, Callable[[], Any]]:
+    assert loaded.layer_class is not None
+    conv1d = types.SimpleNamespace(weight=tensors.conv_weight, bias=tensors.conv_bias)
+    pools = (tensors.conv_pool, tensors.ssm_pool)
+    per_engine = _kv_cache_is_per_engine(loaded.layer_class)
+    return {
+        "prefix": lambda: PREFIX,
+        "kv_cache": lambda: [pools] if per_engine else pools,
+        "conv1d": lambda: conv1d,
+        "activation": lambda: "silu",
+        "A_log": lambda: tensors.A_log,
+        "dt_bias": lambda: tensors.dt_bias,
+        "num_k_heads": lambda: shape.num_k_heads,
+        "num_v_heads": lambda: shape.num_v_heads,
+        "head_k_dim": lambda: shape.head_k_dim,
+        "head_v_dim": lambda: shape.head_v_dim,
+        "key_dim": lambda: shape.key_dim,
+        "value_dim": lambda: shape.value_dim,
+        "tp_size": lambda: 1,
+        "tp_rank": lambda: 0,
+        "num_spec": lambda: shape.num_spec,
+        # vLLM's default (VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE).
+        "enable_packed_recurrent_decode": lambda: True,
+        "_prefill_kernels_warmed_up": lambda: True,
+        "chunk_gated_delta_rule": lambda: _chunk_op(loaded),
+    }
+
+
+def build_layer(loaded: LoadedTree, shape: LayerShape, tensors: LayerTensors) -> nn.Module:
+    """An instance of the tree's GDN class whose ``_forward_core`` can run."""
+    cls: Any = loaded.layer_class
+    assert cls is not None
+    layer = cls.__new__(cls)
+    if isinstance(layer, nn.Module):
+        nn.Module.__init__(layer)
+    rules = _attribute_rules(loaded, shape, tensors)
+    direct, indirect = self_attributes(cls)
+    missing = sorted(direct - set(rules))
+    if missing:
+        raise HarnessError(
+            f"{loaded.site}: _forward_core reads self.{', self.'.join(missing)}, which "
+            "the harness does not know how to provide"
+        )
+    # Attributes only other methods read (warm-up, other platforms) get a
+    # value where a rule exists; if such a path runs, its AttributeError names it.
+    for name in sorted(direct | (indirect & set(rules))):
+        object.__setattr__(layer, name, rules[name]())
+    return layer  # type: ignore[no-any-return]

@@ -1,0 +1,178 @@
+"""``gdn-backport verify``: the mixed-batch regression suite against one tree.
+
+Loads the tree's own GDN ``_forward_core`` and kernels (see
+:mod:`gdn_backport.harness`), runs the scenarios and reports, per scenario,
+the largest absolute error against the oracles and whether it passed.
+
+On ``device="cpu"`` the Triton kernels run under Triton's interpreter:
+:func:`verify_tree` sets ``TRITON_INTERPRET=1`` before anything imports the
+tree's kernels (``triton.jit`` reads it when a kernel is defined), so call
+it before importing vLLM kernels yourself in the same process. CPU runs use
+float16 activations: the FLA chunk kernels refuse float32 and Triton's
+interpreter computes bfloat16 arithmetic on raw bits. CUDA runs use bfloat16.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+__all__ = ["ScenarioRow", "VerifyReport", "triton_problem", "verify_tree"]
+
+
+@dataclass(frozen=True)
+class ScenarioRow:
+    name: str
+    tag: str
+    layout: str
+    max_abs_err: float
+    tolerance: float
+    passed: bool
+    note: str = ""
+
+
+@dataclass
+class VerifyReport:
+    tree: str
+    site: str
+    device: str
+    dtype: str
+    rows: list[ScenarioRow] = field(default_factory=list)
+    error: str = ""  # the harness could not drive the tree: why
+
+    @property
+    def passed(self) -> bool:
+        return not self.error and bool(self.rows) and all(r.passed for r in self.rows)
+
+    @property
+    def exit_code(self) -> int:
+        """0 all passed, 1 a scenario failed, 2 the tree could not be driven."""
+        if self.error:
+            return 2
+        return 0 if self.passed else 1
+
+    def to_json(self) -> str:
+        doc = asdict(self)
+        doc["passed"] = self.passed
+        doc["exit_code"] = self.exit_code
+        return json.dumps(doc, indent=2, default=float)
+
+    def table(self) -> str:
+        head = f"{self.tree}\n  site: {self.site or '-'}  device: {self.device} ({self.dtype})"
+        if self.error:
+            return f"{head}\n  error: {self.error}"
+        lines = [head, f"  {'scenario':<22} {'result':<6} {'max_abs_err':>11} {'tol':>7}  note"]
+        for r in self.rows:
+            result = "PASS" if r.passed else "FAIL"
+            lines.append(
+                f"  {r.name:<22} {result:<6} {r.max_abs_err:>11.3g} {r.tolerance:>7.3g}  {r.note}"
+            )
+        return "\n".join(lines)
+
+
+def triton_problem() -> str:
+    """Why the installed Triton cannot run vLLM's FLA kernels, or ""."""
+    try:
+        import triton
+    except ImportError:
+        return "triton is not installed"
+    from packaging.version import Version
+
+    if Version(triton.__version__).release >= (3, 9):
+        return (
+            f"triton {triton.__version__} removed block pointers (tl.make_block_ptr), which "
+            "vLLM's FLA kernels use; install triton<3.9 (vLLM's releases pin 3.x <= 3.6)"
+        )
+    return ""
+
+
+def _select(names: Iterable[str] | None) -> Sequence[object]:
+    from gdn_backport.harness.scenarios import SCENARIOS, scenario
+
+    if names is None:
+        return SCENARIOS
+    return [scenario(n) if isinstance(n, str) else n for n in names]
+
+
+def verify_tree(
+    tree: Path,
+    device: str = "cpu",
+    scenarios: Iterable[str] | None = None,
+    self_consistency: bool = True,
+    seed: int = 0,
+    heads: tuple[int, int, int] | None = None,
+) -> VerifyReport:
+    """Run the suite on ``tree`` (a root holding ``vllm/``).
+
+    ``scenarios``: names from :mod:`gdn_backport.harness.scenarios` (default:
+    all of ``SCENARIOS``). ``heads``: (H, HV, K=V) of the layer, default the
+    small CPU shape; e.g. (16, 64, 128) for a Qwen3.5 layer at TP=1. A tree
+    the harness cannot load or drive gives a report with ``error`` set (exit
+    code 2), never an exception.
+    """
+    if device.startswith("cpu"):
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+
+    from gdn_backport.harness.layer import LayerShape
+    from gdn_backport.harness.loader import HarnessError, load_tree
+    from gdn_backport.harness.suite import SuiteRunner
+
+    dtype = torch.float16 if device.startswith("cpu") else torch.bfloat16
+    report = VerifyReport(
+        tree=str(tree), site="", device=device, dtype=str(dtype).replace("torch.", "")
+    )
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        report.error = "device cuda requested but torch sees no CUDA device"
+        return report
+    try:
+        selected = _select(scenarios)
+        loaded = load_tree(Path(tree), device=device)
+        report.site = str(loaded.site)
+        problem = triton_problem()
+        if problem:
+            report.error = problem
+            return report
+        shape = LayerShape(dtype=dtype)
+        if heads is not None:
+            h, hv, dim = heads
+            shape = LayerShape(
+                num_k_heads=h, num_v_heads=hv, head_k_dim=dim, head_v_dim=dim, dtype=dtype
+            )
+        runner = SuiteRunner(loaded, shape, torch.device(device), seed=seed)
+        for item in selected:
+            try:
+                result = runner.run(item, self_consistency=self_consistency)  # type: ignore[arg-type]
+            except HarnessError:
+                raise
+            except Exception as exc:
+                # The tree's own code raised on this batch: a failure, with why.
+                report.rows.append(
+                    ScenarioRow(
+                        name=item.name,  # type: ignore[attr-defined]
+                        tag=item.tag,  # type: ignore[attr-defined]
+                        layout=item.layout(),  # type: ignore[attr-defined]
+                        max_abs_err=float("inf"),
+                        tolerance=runner.tolerance,
+                        passed=False,
+                        note=f"raised {type(exc).__name__}: {exc}"[:300],
+                    )
+                )
+                continue
+            report.rows.append(
+                ScenarioRow(
+                    name=result.name,
+                    tag=result.tag,
+                    layout=result.layout,
+                    max_abs_err=result.max_abs_err,
+                    tolerance=result.tolerance,
+                    passed=result.passed,
+                    note=result.note,
+                )
+            )
+    except (HarnessError, KeyError) as exc:
+        report.error = str(exc)
+    return report

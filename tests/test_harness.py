@@ -1,0 +1,224 @@
+"""Harness unit tests: batches, metadata analysis, stand-ins, the reference.
+
+Most run without vLLM; the ones marked ``network`` load a real release.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+import types
+
+import pytest
+import torch
+
+from gdn_backport.harness.batch import Batch, Row, SlotMap
+from gdn_backport.harness.layer import LayerShape, LayerTensors, make_tensors
+from gdn_backport.harness.metadata import _collect, _metadata_names
+from gdn_backport.harness.reference import reference_step
+from gdn_backport.harness.scenarios import EXTRA_SCENARIOS, SCENARIOS, ci_scenarios, scenario
+from gdn_backport.harness.standins import is_stub, make_stub, make_stub_module
+from tests.harness_fixtures import interpreted, release_tree
+
+# -- batches and slots ------------------------------------------------------
+
+
+def test_batch_token_indices_follow_row_order() -> None:
+    batch = Batch((Row(False, 1), Row(True, 3)), num_spec=3)
+    assert batch.spec_token_indx() == [1, 2, 3]
+    assert batch.non_spec_token_indx() == [0]
+    assert batch.describe() == "[N1, S3@1]"
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ((Row(True, 5),), "at most"),
+        ((Row(True, 4, num_accepted=5),), "num_accepted"),
+        ((Row(True, 4, has_initial_state=False),), "always has a state"),
+        ((Row(False, 0),), "query_len"),
+    ],
+)
+def test_batch_refuses_impossible_rows(rows: tuple[Row, ...], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Batch(rows, num_spec=3)
+
+
+def test_slot_map_never_hands_out_the_null_block_and_keeps_spares() -> None:
+    steps = [s for sc in SCENARIOS for s in sc.steps]
+    for batch in steps:
+        smap = SlotMap.for_steps([batch])
+        used = smap.used()
+        assert 0 not in used
+        assert len(used) == sum(len(b) for b in smap.blocks.values())
+        assert smap.num_slots - 1 - len(used) == 3
+        for rid, row in zip(batch.request_ids(), batch.rows, strict=True):
+            assert len(smap.blocks[rid]) == (batch.num_spec + 1 if row.spec else 1)
+
+
+def test_scenarios_are_tagged_and_expect_what_the_layout_implies() -> None:
+    for sc in SCENARIOS + EXTRA_SCENARIOS:
+        assert sc.tag
+        # The bug shows iff a non-spec token precedes a spec token somewhere.
+        shows = any(
+            any(n < s for n in b.non_spec_token_indx() for s in b.spec_token_indx())
+            for b in sc.steps
+        )
+        assert sc.expect_unpatched == ("fail" if shows else "pass"), sc.name
+    assert {s.name for s in ci_scenarios()} <= {s.name for s in SCENARIOS}
+    with pytest.raises(KeyError, match="no scenario"):
+        scenario("nope")
+
+
+# -- stand-ins ----------------------------------------------------------------
+
+
+def test_stubs_are_inert_decorators_falsy_and_subclassable() -> None:
+    stub = make_stub("vllm.x.Thing")
+    assert is_stub(stub) and not stub
+
+    def fn() -> int:
+        return 1
+
+    assert stub.register("name")(fn) is fn  # decorator factory, then decorator
+    assert stub(fn) is fn
+
+    class Derived(torch.nn.Module, stub):  # type: ignore[misc,valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.x = 3
+
+    assert Derived().x == 3 and not is_stub(Derived)
+    module = make_stub_module("vllm.fake")
+    assert is_stub(module.Anything)
+    assert (module.Anything | None) is not None
+
+
+# -- metadata analysis ---------------------------------------------------------
+
+
+_METHOD = textwrap.dedent(
+    """
+    def _forward_core(self, mixed_qkv, b, a, core_attn_out):
+        md = get_forward_context().attn_metadata[self.prefix]
+        assert isinstance(md, GDNAttentionMetadata)
+        n = md.num_actual_tokens
+        conv(mixed_qkv, metadata=md)
+        if getattr(md, "num_spec_decodes", 0):
+            pass
+    """
+)
+_CALLEE = textwrap.dedent(
+    """
+    def conv(x, metadata=None):
+        return metadata.nums_dict, metadata.batch_ptr
+    """
+)
+
+
+def test_metadata_fields_follow_the_variable_into_callees() -> None:
+    fn = ast.parse(_METHOD).body[0]
+    callee = ast.parse(_CALLEE).body[0]
+    assert isinstance(fn, ast.FunctionDef) and isinstance(callee, ast.FunctionDef)
+    names = _metadata_names(fn)
+    assert "md" in names
+    sentinel = object()
+
+    def resolve(node: ast.expr) -> tuple[object, bool] | None:
+        return (sentinel, False) if isinstance(node, ast.Name) and node.id == "conv" else None
+
+    import gdn_backport.harness.metadata as metadata
+
+    original = metadata._parse_function
+    metadata._parse_function = lambda obj: callee if obj is sentinel else original(obj)  # type: ignore[assignment]
+    try:
+        fields = _collect(fn, names, resolve, set())
+    finally:
+        metadata._parse_function = original  # type: ignore[assignment]
+    assert fields == {"num_actual_tokens", "num_spec_decodes", "nums_dict", "batch_ptr"}
+
+
+# -- the reference -------------------------------------------------------------
+
+
+def _tensors(shape: LayerShape, slots: int) -> LayerTensors:
+    return make_tensors(shape, slots, "VK", torch.device("cpu"), seed=3)
+
+
+def test_reference_spec_row_writes_per_token_states_and_shifts_conv() -> None:
+    shape = LayerShape(dtype=torch.float32)
+    batch = Batch((Row(True, 3, num_accepted=2),), num_spec=3)
+    smap = SlotMap.for_steps([batch])
+    tensors = _tensors(shape, smap.num_slots)
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(3, shape.conv_dim, generator=gen)
+    a, b = torch.randn(3, shape.num_v_heads, generator=gen), torch.randn(3, shape.num_v_heads)
+    ref = reference_step(shape, tensors, batch, smap, qkv, a, b)
+    block = smap.blocks[0]
+    untouched = sorted(set(range(smap.num_slots)) - set(block[:3]))
+    before = tensors.ssm_pool.double()
+    assert torch.equal(ref.ssm_pool[untouched], before[untouched])
+    assert not torch.equal(ref.ssm_pool[block[0]], before[block[0]])
+    width = shape.conv_kernel
+    conv_before = tensors.conv_pool.double()
+    expected = torch.cat([conv_before[block[0], 2 : 1 + width - 1], qkv.double()])
+    assert torch.equal(ref.conv_pool[block[0], : width - 2 + 3], expected)
+    others = [s for s in range(smap.num_slots) if s != block[0]]
+    assert torch.equal(ref.conv_pool[others], conv_before[others])
+
+
+def test_reference_matches_a_direct_recurrence_for_one_head() -> None:
+    shape = LayerShape(
+        num_k_heads=1, num_v_heads=1, head_k_dim=4, head_v_dim=4, dtype=torch.float32
+    )
+    batch = Batch((Row(False, 2, has_initial_state=False),), num_spec=3)
+    smap = SlotMap.for_steps([batch])
+    tensors = _tensors(shape, smap.num_slots)
+    tensors.conv_weight.zero_()
+    tensors.conv_weight[:, 0, -1] = 1.0  # conv = identity on the current token
+    tensors.conv_bias.zero_()  # type: ignore[union-attr]
+    qkv = torch.rand(2, shape.conv_dim) + 0.5
+    a, b = torch.zeros(2, 1), torch.zeros(2, 1)
+    ref = reference_step(shape, tensors, batch, smap, qkv, a, b)
+    y = torch.nn.functional.silu(qkv.double())
+    q, k, v = y[:, :4], y[:, 4:8], y[:, 8:]
+    q = torch.nn.functional.normalize(q, dim=-1) * 0.5
+    k = torch.nn.functional.normalize(k, dim=-1)
+    g = -torch.exp(tensors.A_log.double()) * torch.nn.functional.softplus(tensors.dt_bias.double())
+    state = torch.zeros(4, 4, dtype=torch.float64)
+    for t in range(2):
+        state = state * torch.exp(g[0])
+        u = 0.5 * (v[t] - k[t] @ state)
+        state = state + torch.outer(k[t], u)
+        assert torch.allclose(ref.out[t, 0], q[t] @ state)
+
+
+# -- a real release: loader, analysis, one step ------------------------------------
+
+
+@pytest.mark.network
+def test_loader_drives_a_real_release_on_cpu() -> None:
+    interpreted()
+    from gdn_backport.harness.layer import self_attributes
+    from gdn_backport.harness.loader import load_tree
+    from gdn_backport.harness.metadata import metadata_fields
+    from gdn_backport.harness.suite import SuiteRunner
+
+    loaded = load_tree(release_tree("0.28.0"))
+    assert loaded.site.cls == "QwenGatedDeltaNetAttention"
+    assert any(".ops.causal_conv1d" in name for name in loaded.real)
+    assert any("fused_sigmoid_gating" in name for name in loaded.real)
+    fields = metadata_fields(loaded)
+    # Read through causal_conv1d_fn(metadata=...), not by _forward_core itself.
+    assert {"nums_dict", "batch_ptr", "spec_token_indx", "num_accepted_tokens"} <= fields
+    assert loaded.layer_class is not None
+    direct, _ = self_attributes(loaded.layer_class)
+    assert {"A_log", "dt_bias", "conv1d", "kv_cache"} <= direct
+    runner = SuiteRunner(loaded, LayerShape(dtype=torch.float16), torch.device("cpu"))
+    result = runner.run(scenario("pr_layout"))
+    assert result.passed, result.note
+    # The harness leaves no vllm module behind.
+    import sys
+
+    assert not any(name == "vllm" or name.startswith("vllm.") for name in sys.modules)
+    assert isinstance(loaded.module, types.ModuleType)
