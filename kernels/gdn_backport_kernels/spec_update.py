@@ -154,7 +154,13 @@ def gated_delta_rule_spec_update_fwd_kernel(  # type: ignore[no-untyped-def]
     b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
     o_t = tl.arange(0, BT)
     p_slots = ssm_state_indices + i_n.to(tl.int64) * stride_idx_n
-    for i_s in range(0, T, BT):
+    # `while`, not `for ... in range(0, T, BT)`: Triton 3.6's interpreter turns
+    # a tensor range bound into a Python int with int(ndarray), which NumPy
+    # 2.4+ rejects for the 1-element arrays it holds scalars in; a loop
+    # condition only needs bool(). Same for the token loop below. On sm_90
+    # both forms compile to the same PTX (Triton 3.6 and 3.9).
+    i_s = tl.zeros([], dtype=tl.int64)
+    while i_s < T:
         # Gather everything token-indexed for up to BT tokens as tiles, off the
         # serial chain: gate rows (by spec_token_indx), their gates, slots and,
         # with PRELOAD_QKV, the q/k/v rows with their norms. The token loop
@@ -195,7 +201,9 @@ def gated_delta_rule_spec_update_fwd_kernel(  # type: ignore[no-untyped-def]
                 b_ks = b_ks * tl.rsqrt(tl.sum(b_ks * b_ks, 1) + 1e-6)[:, None]
             b_qs = b_qs * scale
 
-        for i_j in range(0, tl.minimum(T - i_s, BT)):
+        n_j = tl.minimum(T - i_s, BT)
+        i_j = tl.zeros([], dtype=tl.int64)
+        while i_j < n_j:
             i_t = bos + i_s + i_j
             # Pick token i_j out of the tiles (a BT-wide select, no memory).
             m_j = o_t == i_j
@@ -233,6 +241,8 @@ def gated_delta_rule_spec_update_fwd_kernel(  # type: ignore[no-untyped-def]
                 p_ht = h + b_slot_t * stride_h_n + i_hv * V * K
                 p_ht = p_ht + o_v[:, None] * K + o_k[None, :]
                 tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=m_h)
+            i_j += 1
+        i_s += BT
 
 
 def _interpreting() -> bool:
