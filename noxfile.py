@@ -15,6 +15,7 @@ Arguments after ``--`` go to ``gdn-backport matrix --run``: ``--device cuda``,
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -88,9 +89,7 @@ def cells_impl(session: nox.Session, *select: str) -> None:
 
 
 def _wants_cuda(args: list[str]) -> bool:
-    return "--device=cuda" in args or any(
-        a == "--device" and b == "cuda" for a, b in zip(args, args[1:], strict=False)
-    )
+    return "--device=cuda" in args or ("--device", "cuda") in itertools.pairwise(args)
 
 
 @nox.session

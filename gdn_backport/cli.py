@@ -109,6 +109,8 @@ def _matrix_cells(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", "--junit-dir", type=Path, default=Path(".nox-results"),
                    help="JUnit XML per cell, summary.json and .md (.nox-results)")  # fmt: skip
     p.add_argument("--queue", default="gpu", help="--format buildkite: the agent queue")
+    p.add_argument("--setup", default="", metavar="CMD",
+                   help="--format buildkite: run CMD before each cell (an install)")  # fmt: skip
 
 
 def _resolve(args: argparse.Namespace, write: bool) -> Path:
@@ -212,7 +214,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
             print(ci_export.github_json(cells))
             return 0
         if fmt == "buildkite":
-            print(ci_export.buildkite_yaml(cells, args.queue), end="")
+            print(ci_export.buildkite_yaml(cells, args.queue, args.setup), end="")
             return 0
         return _run_cells(args, cells, fmt)
     results = matrix.run(matrix.load(), only=args.release, with_roundtrip=args.roundtrip)

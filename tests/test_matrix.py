@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import io
+import json
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
 import pytest
 
-from gdn_backport import matrix
+from gdn_backport import matrix, sources
 from gdn_backport.analysis import Status
+from gdn_backport.cli import main
 from gdn_backport.errors import UsageError
 from gdn_backport.scan import Site
+from gdn_backport.verify import ScenarioRow, VerifyReport
+from tests.harness_fixtures import interpreted
 
 
 def test_shipped_matrix_loads() -> None:
@@ -62,3 +71,249 @@ def test_check_flags_wrong_status_missing_site_and_surprising_others() -> None:
         ],
     )
     assert not other.ok and "unexpected unknown" in other.problems[0]
+
+
+# -- cells -----------------------------------------------------------------------
+
+
+def test_cells_of_the_shipped_matrix() -> None:
+    m = matrix.load()
+    cells = matrix.cells(m)
+    ids = [c.id for c in cells]
+    # 17 affected releases x (gather, kernel) + 17 others x none; no wheel_only.
+    assert len(cells) == 51 and len(set(ids)) == 51
+    assert "0.25.1-gather" in ids and "0.25.1-kernel" in ids and "0.28.0-none" in ids
+    assert not any(i.startswith("0.15.") for i in ids)
+    assert all(c.selector() == ["--cell", c.id] for c in cells)
+    named = matrix.cells(m, releases=["0.15.0", "0.25.1"])
+    assert [c.id for c in named] == ["0.15.0-none", "0.25.1-gather", "0.25.1-kernel"]
+    assert [c.id for c in matrix.cells(m, strategies=["kernel"])][:2] == [
+        "0.18.0-kernel",
+        "0.18.1-kernel",
+    ]
+    assert len(matrix.cells(m, include_wheel_only=True)) == 53
+
+
+def test_cell_ids_name_exact_cells_even_off_the_matrix() -> None:
+    m = matrix.load()
+    (mutation,) = matrix.cells(m, ids=["0.25.1-none"])
+    assert mutation.release is not None and mutation.release.status is Status.AFFECTED
+    assert mutation.strategy == "none"
+    for bad, message in [
+        ("0.25.1-sideways", "expected <release or tree>-"),
+        ("9.9.9-gather", "not in matrix/releases.toml"),
+        ("nope-gather", "no release or tree 'nope'"),
+    ]:
+        with pytest.raises(UsageError, match=message):
+            matrix.cells(m, ids=[bad])
+    with pytest.raises(UsageError, match="not in matrix"):
+        matrix.cells(m, releases=["9.9.9"])
+    with pytest.raises(UsageError, match="exclude each other"):
+        matrix.cells(m, releases=["0.25.1"], ids=["0.25.1-gather"])
+
+
+def test_tree_entries_and_adhoc_trees(tmp_path: Path) -> None:
+    base = {"release": [{"version": "1.0", "path": "p", "function": "f", "status": "fixed"}]}
+    doc = {**base, "tree": [{"name": "fork", "path": "~/fork", "strategies": ["gather", "kernel"]}]}
+    m = matrix.parse(doc)
+    assert m.trees == (matrix.Tree("fork", "~/fork", "", ("gather", "kernel")),)
+    assert [c.id for c in matrix.cells(m)] == ["1.0-none", "fork-gather", "fork-kernel"]
+    assert matrix.cells(m, ids=["fork-kernel"])[0].selector() == ["--cell", "fork-kernel"]
+    # An adhoc --tree runs alone, with the strategies asked for (default gather).
+    (tmp_path / "my-fork").mkdir()
+    adhoc = matrix.adhoc_tree(tmp_path / "my-fork", ref="main")
+    (only,) = matrix.cells(m, trees=[adhoc])
+    assert only.id == "my-fork-gather" and only.adhoc
+    assert only.selector() == ["--tree", str(tmp_path / "my-fork"), "--ref", "main",
+                               "--cell", "my-fork-gather"]  # fmt: skip
+    for tree, message in [
+        ({"name": "1x", "path": "p"}, "key 'name'"),
+        ({"name": "a", "path": ""}, "key 'path'"),
+        (
+            {"name": "a", "path": "p", "strategies": ["gather", "magic"]},
+            "key 'strategies': 'magic'",
+        ),
+        ({"name": "a", "path": "p", "ref": 3}, "key 'ref'"),
+    ]:
+        with pytest.raises(UsageError, match=r"matrix/releases.toml: tree\[0\]: " + message):
+            matrix.parse({**base, "tree": [tree]})
+
+
+def test_skip_verify_is_data() -> None:
+    m = matrix.load()
+    by = {r.version: r for r in m.releases}
+    assert "harness cannot drive" in by["0.10.2"].skip_verify
+    assert by["0.11.0"].skip_verify and not by["0.11.1"].skip_verify
+    bad = {"version": "1.0", "path": "p", "function": "f", "status": "fixed", "skip_verify": 1}
+    with pytest.raises(UsageError, match="key 'skip_verify'"):
+        matrix.parse({"release": [bad]})
+
+
+def test_tree_at_a_git_ref_is_read_from_git_not_the_working_copy(
+    affected_tree: Path, tmp_path: Path
+) -> None:
+    import git
+
+    repo = git.Repo.init(affected_tree)
+    repo.index.add(["vllm/__init__.py", "vllm/model_executor/layers/mamba/gdn_linear_attn.py"])
+    repo.index.commit("fork", author=git.Actor("t", "t@example.com"))
+    repo.create_tag("v1")
+    (affected_tree / "vllm" / "__init__.py").write_text("# edited after the tag\n")
+    got = matrix._materialise(matrix.Tree("fork", str(affected_tree), "v1"), tmp_path / "out")
+    assert (got / "vllm" / "__init__.py").read_text() == "# a fork's tree\n"
+    assert (got / "vllm/model_executor/layers/mamba/gdn_linear_attn.py").exists()
+    plain = matrix._materialise(matrix.Tree("fork", str(affected_tree)), tmp_path / "copy")
+    assert (plain / "vllm" / "__init__.py").read_text() == "# edited after the tag\n"
+    with pytest.raises(UsageError, match="cannot read git ref"):
+        matrix._materialise(matrix.Tree("f", str(affected_tree), "nope"), tmp_path / "x")
+
+
+# -- what a cell requires, on made-up reports (no kernels run) ---------------------
+
+
+def _report(*rows: tuple[str, bool, float], error: str = "") -> VerifyReport:
+    made = [ScenarioRow(n, "tag", "[N1, S3]", err, 0.02, ok, "") for n, ok, err in rows]
+    return VerifyReport("t", "s", "cpu", "float16", made, error)
+
+
+def _release_cell(version: str, strategy: str) -> matrix.Cell:
+    return matrix.cells(matrix.load(), ids=[f"{version}-{strategy}"])[0]
+
+
+def test_unpatched_must_fail_its_mixed_scenarios_and_pass_the_others() -> None:
+    runner = matrix.CellRunner(matrix.RunOptions())
+    cell = _release_cell("0.25.1", "gather")
+    must = frozenset({"pr_layout"})
+    good = matrix.Verified("unpatched", _report(("pr_layout", False, 0.9),
+                                                ("pure_spec", True, 0.001)), must, 1.0)  # fmt: skip
+    assert all(c.ok for c in runner._verify_checks(cell, good))
+    blind = matrix.Verified("unpatched", _report(("pr_layout", True, 0.001)), must, 1.0)
+    (check,) = runner._verify_checks(cell, blind)
+    assert not check.ok and "cannot see the bug" in check.message
+    broke = matrix.Verified("unpatched", _report(("pure_spec", False, 0.5)), must, 1.0)
+    (check,) = runner._verify_checks(cell, broke)
+    assert not check.ok and "max_abs_err 0.5" in check.message
+
+
+def test_harness_refusal_is_a_skip_only_where_the_matrix_says_so() -> None:
+    runner = matrix.CellRunner(matrix.RunOptions())
+    refused = matrix.Verified("unpatched", _report(error="no _forward_core"), frozenset(), 1.0)
+    (skip,) = runner._verify_checks(_release_cell("0.10.2", "none"), refused)
+    assert skip.ok and "harness cannot drive this layout" in skip.skipped
+    res = matrix.CellResult(_release_cell("0.10.2", "none"), [skip])
+    assert res.result == "skip" and matrix.exit_code([res]) == 0
+    (fail,) = runner._verify_checks(_release_cell("0.28.0", "none"), refused)
+    assert not fail.ok and "could not run: no _forward_core" in fail.message
+    res = matrix.CellResult(_release_cell("0.28.0", "none"), [fail])
+    assert res.result == "fail" and matrix.exit_code([res]) == 1
+
+
+def _fake_result() -> matrix.CellResult:
+    cell = _release_cell("0.25.1", "gather")
+    unpatched = matrix.Verified(
+        "unpatched",
+        _report(("pr_layout", False, 0.75), ("pure_spec", True, 0.001)),
+        frozenset({"pr_layout"}),
+        3.0,
+    )
+    patched = matrix.Verified(
+        "patched", _report(("pr_layout", False, float("inf")), ("pure_spec", True, 0.001)),
+        frozenset(), 2.0,
+    )  # fmt: skip
+    runner = matrix.CellRunner(matrix.RunOptions())
+    checks = [matrix.Check("scan before", True, "affected")]
+    checks += runner._verify_checks(cell, unpatched) + runner._verify_checks(cell, patched)
+    return matrix.CellResult(cell, checks, Status.AFFECTED, Status.FIXED, ("a.py",),
+                             unpatched, patched, seconds=5.0)  # fmt: skip
+
+
+def test_results_junit_json_markdown(tmp_path: Path) -> None:
+    res = _fake_result()
+    assert res.result == "fail"
+    env = matrix.environment(matrix.RunOptions())
+    files = matrix.write_results([res], env, tmp_path, 5.0)
+    assert [f.name for f in files] == ["0.25.1-gather.xml", "summary.json", "summary.md"]
+    suite = ET.parse(files[0]).getroot().find("testsuite")
+    assert suite is not None and suite.get("name") == "cell(0.25.1-gather)"
+    cases = suite.findall("testcase")
+    assert [c.get("name") for c in cases] == [
+        "scan before",
+        "verify unpatched: pr_layout",
+        "verify unpatched: pure_spec",
+        "verify patched: pr_layout",
+        "verify patched: pure_spec",
+    ]
+    assert suite.get("tests") == "5" and suite.get("failures") == "1"
+    failure = cases[3].find("failure")
+    assert failure is not None and "max_abs_err inf" in failure.get("message", "")
+    doc = json.loads(files[1].read_text())
+    assert doc["counts"] == {"ok": 0, "fail": 1, "skip": 0} and doc["ok"] is False
+    (cell,) = doc["cells"]
+    assert cell["worst_err_patched"] == "inf" and cell["worst_err_unpatched"] == 0.75
+    assert cell["status_before"] == "affected" and cell["status_after"] == "fixed"
+    md = files[2].read_text()
+    assert "| 0.25.1-gather | affected | fixed | 1/2 fail | 1/2 fail | 0.75 -> inf |" in md
+    table = matrix.render_cells([res], 5.0)
+    assert table.splitlines()[0].split() == ["cell", "before", "after", "verify", "unpatched",
+                                             "verify", "patched", "worst", "err", "time",
+                                             "result"]  # fmt: skip
+    assert "0 ok, 1 failed, 0 skipped of 1 cells in 5.0 s" in table
+
+
+def test_progress_line_without_a_terminal() -> None:
+    out = io.StringIO()
+    show = matrix.ProgressLine(out)
+    res = _fake_result()
+    show(12, 51, res.cell, "fetch", None)
+    show(12, 51, res.cell, "verify patched", None)
+    show(12, 51, res.cell, "done", res)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[12/51] 0.25.1 gather ..."
+    assert lines[1].startswith("[12/51] 0.25.1 gather: FAIL (5.0 s): verify patched: pr_layout")
+
+
+# -- real cells, on the CPU interpreter, with a reduced scenario list -------------
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_affected_cells_fail_before_and_pass_after(tmp_path: Path) -> None:
+    interpreted()
+    options = matrix.RunOptions("cpu", ("pr_layout", "pure_spec"), workdir=tmp_path)
+    todo = matrix.cells(matrix.load(), ids=["0.27.1-gather", "0.27.1-kernel"])
+    seen: list[tuple[int, str]] = []
+    results = matrix.run_cells(todo, options, lambda i, n, c, stage, r: seen.append((i, stage)))
+    for res in results:
+        assert res.result == "ok", res.problems
+        assert (res.status_before, res.status_after) == (Status.AFFECTED, Status.FIXED)
+        assert res.unpatched is not None and res.patched is not None
+        rows = {r.name: r for r in res.unpatched.report.rows}
+        assert not rows["pr_layout"].passed and rows["pure_spec"].passed
+        assert res.patched.report.passed
+        assert res.written
+    # The unpatched tree is verified once for both strategies.
+    assert results[1].unpatched is not None and results[1].unpatched.shared_with == "0.27.1-gather"
+    assert (1, "verify unpatched") in seen and (2, "done") in seen
+    assert list(tmp_path.iterdir()) == []  # patched copies are gone
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_fork_tree_cell_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    interpreted()
+    fork = tmp_path / "fork"
+    shutil.copytree(sources.release_tree("0.21.0") / "vllm", fork / "vllm")
+    results = tmp_path / "results"
+    code = main(["matrix", "--run", "--tree", str(fork), "--device", "cpu",
+                 "--scenario", "pr_layout", "--results", str(results)])  # fmt: skip
+    out = capsys.readouterr()
+    assert code == 0, out.out + out.err
+    assert out.err.startswith("gdn-backport 0.1.0, python")
+    assert "[1/1] fork gather: ok" in out.err
+    row = next(line.split() for line in out.out.splitlines() if line.startswith("fork-gather"))
+    assert row[:7] == ["fork-gather", "affected", "fixed", "1/1", "fail", "1/1", "pass"]
+    (cell,) = json.loads((results / "summary.json").read_text())["cells"]
+    assert cell["tree"] == str(fork) and cell["result"] == "ok" and cell["release"] is None
+    assert (results / "fork-gather.xml").exists()
+    # The fork's own files are never touched.
+    assert not (fork / ".gdn-backport").exists()

@@ -1,0 +1,256 @@
+"""CI exports: GitHub Actions strategy.matrix (JSON), Buildkite pipeline (YAML), docs/ examples.
+
+The structure checks always run (ours, against what those systems require);
+the YAML additionally round-trips through PyYAML where it is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from gdn_backport import ci_export, matrix
+from gdn_backport.cli import build_parser, main
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+try:
+    import yaml
+except ImportError:  # pragma: no cover - PyYAML is optional
+    yaml = None
+
+needs_yaml = pytest.mark.skipif(yaml is None, reason="PyYAML is not installed")
+
+
+def _cells() -> list[matrix.Cell]:
+    return matrix.cells(matrix.load())
+
+
+def _run_args(command: str) -> list[str]:
+    """The arguments a cell's command gives ``gdn-backport``; asserts the program."""
+    argv = shlex.split(command)
+    assert argv[:3] == ["gdn-backport", "matrix", "--run"], command
+    return argv[1:]
+
+
+def _commands(text: str) -> list[list[str]]:
+    """The gdn-backport command lines of a doc (code, not prose or comments)."""
+    found = []
+    for line in text.splitlines():
+        code = line.strip()
+        at = code.find("gdn-backport ")
+        prefix = code[:at]
+        if at < 0 or not code[at:].startswith(("gdn-backport matrix", "gdn-backport fetch")):
+            continue
+        if not (prefix in ("", "run: ", "- run: ") or prefix.endswith(("$(", "cache "))):
+            continue
+        cmd = re.split(r" \| | >> |\)|  #", code[at:])[0]
+        cmd = re.sub(r"\$\{?\w+\}?", "x", cmd.replace('"$CELL"', "0.25.1-gather"))
+        found.append(shlex.split(cmd)[1:])
+    assert found
+    return found
+
+
+# -- GitHub Actions --------------------------------------------------------------
+
+
+def test_github_matrix_is_one_line_of_include_entries(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["matrix", "--format", "github"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("\n") == 1  # one line for $GITHUB_OUTPUT
+    doc = json.loads(text)
+    assert ci_export.check_github(doc) == []
+    include = doc["include"]
+    assert [e["id"] for e in include] == [c.id for c in _cells()]
+    assert include[0] == {"id": "0.10.2-none", "strategy": "none", "release": "0.10.2"}
+    assert {"id": "0.25.1-kernel", "strategy": "kernel", "release": "0.25.1"} in include
+    for e in include:
+        assert e["id"] == f"{e['release']}-{e['strategy']}"
+        # What the example workflow runs for each entry selects exactly that cell.
+        args = build_parser().parse_args(["matrix", "--run", "--cell", e["id"]])
+        (cell,) = matrix.cells(matrix.load(), ids=args.cell)
+        assert cell.id == e["id"]
+
+
+def test_github_matrix_selection_and_trees(tmp_path: Path) -> None:
+    m = matrix.load()
+    doc = ci_export.github_matrix(matrix.cells(m, releases=["0.28.0"]))
+    assert doc == {"include": [{"id": "0.28.0-none", "strategy": "none", "release": "0.28.0"}]}
+    fork = matrix.adhoc_tree(tmp_path, ref="main")
+    (entry,) = ci_export.github_matrix(matrix.cells(m, trees=[fork]))["include"]
+    assert entry == {"id": f"{fork.name}-gather", "strategy": "gather", "tree": str(tmp_path),
+                     "ref": "main"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("doc", "problem"),
+    [
+        ([], "exactly the key 'include'"),
+        ({"include": []}, "non-empty list"),
+        ({"include": [{"id": "a", "strategy": "none"}]}, "exactly one of 'release' and 'tree'"),
+        ({"include": [{"id": "", "strategy": "none", "release": "1"}]}, "'id' must be"),
+        ({"include": [{"id": "a", "strategy": "none", "release": 1}]}, "values must be strings"),
+        ({"include": [{"id": "a", "strategy": "s", "release": "1"}] * 2}, "ids not unique: a"),
+        (
+            {"include": [{"id": str(i), "strategy": "s", "release": "1"} for i in range(257)]},
+            "at most 256",
+        ),
+    ],
+)
+def test_github_checks(doc: object, problem: str) -> None:
+    assert any(problem in p for p in ci_export.check_github(doc)), ci_export.check_github(doc)
+
+
+# -- Buildkite ---------------------------------------------------------------------
+
+
+def test_buildkite_pipeline_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["matrix", "--format", "buildkite", "--queue", "h200-gpu"]) == 0
+    text = capsys.readouterr().out
+    doc = ci_export.buildkite_pipeline(_cells(), queue="h200-gpu")
+    assert text == ci_export.buildkite_yaml(_cells(), queue="h200-gpu")
+    assert ci_export.check_buildkite(doc) == []
+    steps = doc["steps"]
+    assert isinstance(steps, list) and len(steps) == 51
+    keys = [s["key"] for s in steps]
+    assert len(set(keys)) == len(keys) and keys[0] == "cell-0_10_2-none"
+    for step, cell in zip(steps, _cells(), strict=True):
+        assert step["agents"] == {"queue": "h200-gpu"}
+        assert cell.target in step["label"] and cell.strategy in step["label"]
+        args = build_parser().parse_args(_run_args(step["command"]))
+        (again,) = matrix.cells(matrix.load(), ids=args.cell)
+        assert again.id == cell.id
+    # The text is that document: every step's fields appear as written.
+    assert text.count("\n  - label: ") == 51
+    assert '    key: "cell-0_25_1-gather"\n' in text
+    assert '    command: "gdn-backport matrix --run --cell 0.25.1-gather"\n' in text
+    assert '    agents:\n      queue: "h200-gpu"\n' in text
+
+
+@needs_yaml
+def test_buildkite_yaml_round_trips_through_pyyaml() -> None:
+    cells = _cells()
+    assert yaml.safe_load(ci_export.buildkite_yaml(cells, "gpu")) == (
+        ci_export.buildkite_pipeline(cells, "gpu")
+    )
+
+
+def test_buildkite_queue_must_not_be_empty() -> None:
+    with pytest.raises(Exception, match="--queue"):
+        ci_export.buildkite_pipeline(_cells(), queue=" ")
+
+
+@pytest.mark.parametrize(
+    ("step", "problem"),
+    [
+        ({"command": "x", "key": "k"}, "'label' must be"),
+        ({"label": "l", "key": "k"}, "'command' must be"),
+        ({"label": "l", "command": "x", "key": "0.25.1"}, "key '0.25.1'"),
+        (
+            {"label": "l", "command": "x", "key": "123e4567-e89b-12d3-a456-426614174000"},
+            "not a UUID",
+        ),
+        ({"label": "l", "command": "x", "key": "k", "queue": "gpu"}, "does not know: queue"),
+        ({"label": "l", "command": "x", "key": "k", "agents": {"queue": 1}}, "'agents'"),
+        ({"label": "l", "command": "x", "key": "k", "timeout_in_minutes": 0}, "timeout"),
+    ],
+)
+def test_buildkite_checks(step: dict[str, object], problem: str) -> None:
+    problems = ci_export.check_buildkite({"steps": [step]})
+    assert any(problem in p for p in problems), problems
+
+
+def test_buildkite_keys_must_be_unique() -> None:
+    step = {"label": "l", "command": "x", "key": "k"}
+    assert "step keys not unique: k" in ci_export.check_buildkite({"steps": [step, step]})
+    assert ci_export.check_buildkite({"step": []}) == ["must be a mapping with 'steps'"]
+
+
+# -- the YAML writer ---------------------------------------------------------------
+
+SAMPLE = {
+    "steps": [
+        {"label": 'quote " colon: hash # and \\ back', "n": 3, "ok": True, "empty": []},
+        {"label": "naïve\nsecond line", "agents": {"queue": "gpu", "weird key": "v"}, "d": {}},
+    ],
+    "true": "a key YAML would read as a boolean",
+}
+SAMPLE_YAML = """\
+steps:
+  - label: "quote \\" colon: hash # and \\\\ back"
+    n: 3
+    ok: true
+    empty: []
+  - label: "na\\u00efve\\nsecond line"
+    agents:
+      queue: "gpu"
+      "weird key": "v"
+    d: {}
+"true": "a key YAML would read as a boolean"
+"""
+
+
+def test_yaml_writer_text() -> None:
+    assert ci_export.to_yaml(SAMPLE) == SAMPLE_YAML
+    with pytest.raises(TypeError):
+        ci_export.to_yaml({"x": 1.5})
+
+
+@needs_yaml
+def test_yaml_writer_round_trips_through_pyyaml() -> None:
+    assert yaml.safe_load(ci_export.to_yaml(SAMPLE)) == SAMPLE
+
+
+# -- the examples in docs/ -----------------------------------------------------------
+
+
+def test_docs_examples_use_what_the_tool_emits() -> None:
+    workflow = (DOCS / "github-actions.yml").read_text()
+    pipeline = (DOCS / "buildkite.yml").read_text()
+    guide = (DOCS / "ci.md").read_text()
+    assert "gdn-backport matrix --format github" in workflow
+    assert "fromJSON(needs.plan.outputs.matrix)" in workflow
+    assert "gdn-backport matrix --run --cell" in workflow
+    assert "gdn-backport matrix --format buildkite" in pipeline
+    assert "buildkite-agent pipeline upload" in pipeline
+    for text in (guide, workflow, pipeline):
+        # Every gdn-backport command in the docs parses with today's CLI.
+        for argv in _commands(text):
+            build_parser().parse_args(argv)
+    assert 'nox -s "cell(0.25.1-gather)"' in guide and "GDN_BACKPORT_OFFLINE=1" in guide
+    assert "--no-venv" in guide and "fetch --matrix" in guide
+
+
+@needs_yaml
+def test_docs_github_workflow_structure() -> None:
+    doc = yaml.safe_load((DOCS / "github-actions.yml").read_text())
+    jobs = doc["jobs"]
+    plan, cell = jobs["plan"], jobs["cell"]
+    assert plan["outputs"]["matrix"] == "${{ steps.cells.outputs.matrix }}"
+    (emit,) = [s for s in plan["steps"] if s.get("id") == "cells"]
+    assert "gdn-backport matrix --format github" in emit["run"]
+    assert '>> "$GITHUB_OUTPUT"' in emit["run"]
+    assert cell["needs"] == "plan"
+    assert cell["strategy"]["fail-fast"] is False
+    assert cell["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
+    # The fields the job reads are those every emitted entry has.
+    assert cell["env"]["CELL"] == "${{ matrix.id }}"
+    emitted = json.loads(ci_export.github_json(_cells()))["include"][0]
+    assert {"id", "release", "strategy"} <= set(emitted)
+    runs = " ".join(s.get("run", "") for s in cell["steps"])
+    assert 'gdn-backport matrix --run --cell "$CELL"' in runs
+    (upload,) = [s for s in cell["steps"] if "upload-artifact" in s.get("uses", "")]
+    assert upload["with"]["path"] == ".nox-results/"
+
+
+@needs_yaml
+def test_docs_buildkite_pipeline_structure() -> None:
+    doc = yaml.safe_load((DOCS / "buildkite.yml").read_text())
+    assert ci_export.check_buildkite(doc) == []
+    (plan,) = doc["steps"]
+    assert "gdn-backport matrix --format buildkite" in plan["command"]
+    assert plan["command"].rstrip().endswith("| buildkite-agent pipeline upload")
