@@ -64,7 +64,8 @@ def main() -> None:
         and (not args.release or r.version in args.release)
     ]
     shapes: list[tuple[int, int, int] | None] = [
-        tuple(int(x) for x in h.split(",")) for h in args.heads or []  # type: ignore[misc]
+        tuple(int(x) for x in h.split(","))
+        for h in args.heads or []  # type: ignore[misc]
     ] or [None]
     rows, docs = [], []
     work = Path(tempfile.mkdtemp(prefix="gdn-verify-"))
