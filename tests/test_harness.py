@@ -6,18 +6,22 @@ Most run without vLLM; the ones marked ``network`` load a real release.
 from __future__ import annotations
 
 import ast
+import functools
 import textwrap
 import types
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from gdn_backport.harness.batch import Batch, Row, SlotMap
 from gdn_backport.harness.layer import LayerShape, LayerTensors, make_tensors
+from gdn_backport.harness.loader import GdnSite, LoadedTree
 from gdn_backport.harness.metadata import _collect, _metadata_names
 from gdn_backport.harness.reference import reference_step
 from gdn_backport.harness.scenarios import EXTRA_SCENARIOS, SCENARIOS, ci_scenarios, scenario
-from gdn_backport.harness.standins import is_stub, make_stub, make_stub_module
+from gdn_backport.harness.standins import HarnessContext, is_stub, make_stub, make_stub_module
 from tests.harness_fixtures import interpreted, release_tree
 
 # -- batches and slots ------------------------------------------------------
@@ -222,3 +226,147 @@ def test_loader_drives_a_real_release_on_cpu() -> None:
 
     assert not any(name == "vllm" or name.startswith("vllm.") for name in sys.modules)
     assert isinstance(loaded.module, types.ModuleType)
+
+
+# -- adapting to what a tree declares (no release needed) ------------------------------
+
+
+def _fake_loaded(root: Path, device: str = "cpu") -> LoadedTree:
+    """A LoadedTree over ``root`` with nothing loaded (``torch.device("cuda")``
+    is only a name: no GPU is needed until a tensor is made on it)."""
+    site = GdnSite(path=root / "vllm" / "m.py", module="vllm.m", cls="Layer")
+    return LoadedTree(tree=root, site=site, context=HarnessContext(root, device), interpreted=False)
+
+
+def test_conv_helper_is_called_the_way_its_signature_asks(tmp_path: Path) -> None:
+    from gdn_backport.harness.loader import HarnessError
+    from gdn_backport.harness.metadata import _call_conv_helper
+
+    loaded = _fake_loaded(tmp_path)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    seen: list[tuple[str, object]] = []
+
+    def newer(query_start_loc_p_cpu: torch.Tensor, *, device: torch.device) -> tuple[int]:
+        seen.append((query_start_loc_p_cpu.device.type, device))
+        return (1,)
+
+    def older(query_start_loc_p: torch.Tensor) -> tuple[int]:
+        seen.append((query_start_loc_p.device.type, None))
+        return (2,)
+
+    def other(query_start_loc: torch.Tensor, block_m: int) -> None:
+        raise AssertionError("not called")
+
+    cpu = torch.device("cpu")
+    assert _call_conv_helper(loaded, newer, cu, cpu) == (1,)
+    assert _call_conv_helper(loaded, older, cu, cpu) == (2,)
+    assert seen == [("cpu", cpu), ("cpu", None)]
+    with pytest.raises(HarnessError, match="block_m"):
+        _call_conv_helper(loaded, other, cu, cpu)
+
+
+def test_config_standin_has_hf_config_and_names_missing_fields(tmp_path: Path) -> None:
+    from gdn_backport.harness.standins import _config_module
+
+    config = _config_module(HarnessContext(tmp_path, "cpu")).get_current_vllm_config()
+    model = config.model_config
+    assert getattr(model.hf_config, "linear_key_head_dim", None) is None
+    assert getattr(model.hf_text_config, "linear_key_head_dim", None) is None
+    with pytest.raises(AttributeError, match=r"no vllm_config\.model_config\.dtype"):
+        _ = model.dtype
+
+
+def test_feature_off_metadata_fields_need_a_none_default(tmp_path: Path) -> None:
+    from gdn_backport.harness.loader import HarnessError
+    from gdn_backport.harness.metadata import _check_feature_off
+
+    backends = tmp_path / "vllm" / "v1" / "attention" / "backends"
+    backends.mkdir(parents=True)
+    (backends / "gdn_attn.py").write_text(
+        "class GDNAttentionMetadata:\n"
+        "    num_prefills: int\n"
+        "    aiter_prefill_metadata: object | None = None\n"
+        "    checkpoint: object\n"
+    )
+    loaded = _fake_loaded(tmp_path)
+    _check_feature_off(loaded, frozenset({"aiter_prefill_metadata", "num_prefills"}))
+    with pytest.raises(HarnessError, match="checkpoint"):
+        _check_feature_off(loaded, frozenset({"checkpoint"}))
+
+
+class _CheckpointingLayer:
+    # Annotations only: instance attributes, as the tree's __init__ sets them.
+    _sizes: list[int]
+    plan: object
+    _checkpoint_exporter: Any
+
+    @functools.cached_property
+    def _buffer_spec(self) -> tuple[int, ...]:
+        return tuple(self._sizes)
+
+    def _forward_core(self, mixed_qkv: Any, b: Any, a: Any, core_attn_out: Any) -> None:
+        if self.plan is not None:
+            self._checkpoint_exporter.export(self._buffer_spec)
+
+
+def test_cached_properties_are_not_attributes_to_provide() -> None:
+    from gdn_backport.harness.layer import self_attributes
+
+    direct, _ = self_attributes(_CheckpointingLayer)
+    assert direct == {"plan", "_checkpoint_exporter"}
+
+
+def test_stubbed_tree_modules_keep_their_literal_constants(tmp_path: Path) -> None:
+    utils = tmp_path / "vllm" / "attention" / "backends" / "utils.py"
+    utils.parent.mkdir(parents=True)
+    utils.write_text("import torch\nPAD_SLOT_ID = -1\nNOT_LITERAL = torch.int32\n")
+    loaded = _fake_loaded(tmp_path)
+    spec = loaded._spec_for("vllm.attention.backends.utils")
+    assert spec.loader is not None
+    module: Any = spec.loader.create_module(spec)
+    assert module.PAD_SLOT_ID == -1
+    assert is_stub(module.NOT_LITERAL)
+    assert "vllm.attention.backends.utils" in loaded.stubbed
+
+
+def test_triton_allocator_is_installed_for_cuda_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    triton = pytest.importorskip("triton")
+    installed: list[object] = []
+    monkeypatch.setattr(triton, "set_allocator", installed.append, raising=False)
+    with _fake_loaded(tmp_path, "cpu").active():
+        pass
+    assert installed == []
+    # The allocator itself is not called: that needs a GPU.
+    with _fake_loaded(tmp_path, "cuda").active():
+        pass
+    assert len(installed) == 1 and callable(installed[0])
+    monkeypatch.delattr(triton, "set_allocator")
+    with _fake_loaded(tmp_path, "cuda").active():
+        pass
+    assert len(installed) == 1
+
+
+@pytest.mark.network
+@pytest.mark.parametrize(
+    ("version", "why"),
+    [
+        ("0.12.0", "compute_causal_conv1d_metadata(query_start_loc_p); PAD_SLOT_ID"),
+        ("0.22.0", "ChunkGatedDeltaRule logs model_config.hf_config"),
+        ("0.32.0", "metadata field aiter_prefill_metadata"),
+        ("0.33.0", "checkpoint fields, _checkpoint_exporter, a cached_property"),
+    ],
+)
+def test_loader_drives_releases_with_version_specific_pieces(version: str, why: str) -> None:
+    interpreted()
+    from gdn_backport.harness.loader import load_tree
+    from gdn_backport.harness.suite import SuiteRunner
+
+    loaded = load_tree(release_tree(version))
+    runner = SuiteRunner(loaded, LayerShape(dtype=torch.float16), torch.device("cpu"))
+    result = runner.run(scenario("pr_layout"), self_consistency=False)
+    if version == "0.22.0":  # affected: driven, and the bug shows
+        assert not result.passed and "read the gates of tokens" in result.note, why
+    else:
+        assert result.passed, (why, result.note)

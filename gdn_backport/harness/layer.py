@@ -7,13 +7,16 @@ in the methods it calls on ``self``) and each is given a value: weights
 (``A_log``, ``dt_bias``, ``conv1d``), head sizes, and the state pools
 ``kv_cache`` in the release's layout (conv state ``(slots, state_len, dim)``,
 SSM state ``(slots, HV, V, K)`` or ``(slots, HV, K, V)`` as the release's
-``gated_delta_net_state_shape`` declares). An attribute without a rule fails
-with a message that names it.
+``gated_delta_net_state_shape`` declares). Attributes of features the
+harness runs switched off (prefix-caching checkpoints) are left unset, as on
+a real layer without them; (cached) properties are computed on read. An
+attribute without a rule fails with a message that names it.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import textwrap
 import types
@@ -29,6 +32,9 @@ from gdn_backport.harness.loader import HarnessError, LoadedTree
 __all__ = ["LayerShape", "build_layer", "self_attributes", "ssm_layout"]
 
 PREFIX = "model.layers.0.linear_attn"
+# A rule's value for an attribute the real layer does not have on the
+# harness's configuration (a feature switched off): it is not set.
+_UNSET: Any = object()
 
 
 @dataclass(frozen=True)
@@ -102,7 +108,9 @@ def self_attributes(layer_class: type) -> tuple[set[str], set[str]]:
                 attr = _class_attribute(layer_class, sub.attr)
                 if inspect.isfunction(attr):
                     todo.append(sub.attr)
-                elif isinstance(attr, property):
+                elif isinstance(attr, property | functools.cached_property):
+                    # Computed on read from other attributes; if the path reads
+                    # it, what it needs fails there with the attribute's name.
                     continue
                 else:
                     (direct if name == "_forward_core" else indirect).add(sub.attr)
@@ -228,6 +236,12 @@ def _attribute_rules(
         "enable_packed_recurrent_decode": lambda: True,
         "_prefill_kernels_warmed_up": lambda: True,
         "chunk_gated_delta_rule": lambda: _chunk_op(loaded),
+        # Created by __init__ only for prefix-caching checkpoints (mamba_cache_mode
+        # "align" with the FlashInfer prefill); read only on the branch where the
+        # metadata's flashinfer_checkpoint_plan is set, which the harness leaves
+        # None. Left unset, as on a real layer without the feature: a read
+        # fails with the attribute's name.
+        "_checkpoint_exporter": lambda: _UNSET,
     }
 
 
@@ -249,5 +263,7 @@ def build_layer(loaded: LoadedTree, shape: LayerShape, tensors: LayerTensors) ->
     # Attributes only other methods read (warm-up, other platforms) get a
     # value where a rule exists; if such a path runs, its AttributeError names it.
     for name in sorted(direct | (indirect & set(rules))):
-        object.__setattr__(layer, name, rules[name]())
+        value = rules[name]()
+        if value is not _UNSET:
+            object.__setattr__(layer, name, value)
     return layer  # type: ignore[no-any-return]

@@ -35,9 +35,17 @@ from gdn_backport.harness.standins import (
     HarnessContext,
     make_stub,
     make_stub_module,
+    module_constants,
 )
 
-__all__ = ["GdnSite", "HarnessError", "LoadedTree", "find_gdn_sites", "load_tree"]
+__all__ = [
+    "GdnSite",
+    "HarnessError",
+    "LoadedTree",
+    "find_gdn_sites",
+    "install_triton_allocator",
+    "load_tree",
+]
 
 # Third-party packages the GDN modules import only for class definitions.
 _STUBBED_TOP_LEVEL = ("transformers",)
@@ -200,9 +208,15 @@ class LoadedTree:
                     name, _StandinLoader(package), is_package=True
                 )
         self.stubbed.add(name)
-        return importlib.machinery.ModuleSpec(
-            name, _StandinLoader(make_stub_module(name)), is_package=True
-        )
+        stub = make_stub_module(name)
+        if name.split(".", 1)[0] == "vllm":
+            # Module-level literal constants are real values from the tree's
+            # file (e.g. PAD_SLOT_ID, which older kernels import from
+            # vllm.attention.backends.utils and compare against slot indices).
+            base = self.tree.joinpath(*name.split("."))
+            for source in (base.with_suffix(".py"), base / "__init__.py"):
+                stub.__dict__.update(module_constants(source))
+        return importlib.machinery.ModuleSpec(name, _StandinLoader(stub), is_package=True)
 
     @contextlib.contextmanager
     def active(self) -> Iterator[LoadedTree]:
@@ -212,6 +226,8 @@ class LoadedTree:
         finder = _TreeFinder(self)
         sys.meta_path.insert(0, finder)
         cuda_device = torch.cuda.device
+        if self.context.device.type == "cuda":
+            install_triton_allocator(self.context.device)
         if self.context.device.type == "cpu":
             # Older FLA wrappers enter torch.cuda.device(t.device.index), None
             # for a CPU tensor, which a CPU-only torch refuses.
@@ -228,6 +244,31 @@ class LoadedTree:
     def global_(self, name: str) -> Any:
         assert self.module is not None
         return self.module.__dict__[name]
+
+
+def install_triton_allocator(device: torch.device) -> bool:
+    """Give Triton a torch-backed allocator for kernels' runtime scratch memory.
+
+    Some FLA kernels (seen: ``merge_fn`` launched through the autotuner, on
+    an H200 with triton 3.6) ask Triton for global scratch memory; without
+    an allocator Triton raises "Kernel requires a runtime memory allocation,
+    but no allocator was set". vLLM sets one at start-up; the harness does the
+    same before the tree's kernels run on CUDA. Triton keeps it in a context
+    variable, so it is (re)installed each time a tree becomes active; the
+    allocation comes from torch's caching allocator on the harness's device.
+    Older Tritons without ``set_allocator`` need none: returns False then.
+    """
+    import triton
+
+    set_allocator = getattr(triton, "set_allocator", None)
+    if set_allocator is None:
+        return False
+
+    def allocate(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+        return torch.empty(size, device=device, dtype=torch.int8)
+
+    set_allocator(allocate)
+    return True
 
 
 def _cpu_device(index: Any = None) -> contextlib.AbstractContextManager[None]:

@@ -12,17 +12,21 @@ exclusive in every release), the pure-spec fast path uses ``arange`` indices,
 and without spec rows one-token rows sort first and are decodes.
 ``chunk_indices``/``chunk_offsets`` describe the cu_seqlens the chunk kernel
 gets: ``prefill_query_start_loc`` where the method reads it, else
-``non_spec_query_start_loc``. A field without a rule here fails with a
-message that names it.
+``non_spec_query_start_loc``. Fields of features the harness runs switched
+off (ROCm AITER prefill, prefix-caching checkpoints: ``FEATURE_OFF_FIELDS``)
+are None, their default in the tree's dataclass. A field without a rule here
+fails with a message that names it.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,7 +34,7 @@ import torch
 from gdn_backport.harness.batch import Batch, SlotMap
 from gdn_backport.harness.loader import HarnessError, LoadedTree
 
-__all__ = ["MetadataPlan", "build_metadata", "metadata_fields"]
+__all__ = ["FEATURE_OFF_FIELDS", "MetadataPlan", "build_metadata", "metadata_fields"]
 
 
 # --------------------------------------------------------------------------
@@ -332,7 +336,42 @@ def _conv_meta(loaded: LoadedTree, p: MetadataPlan) -> tuple[Any, Any, Any]:
                 "tree has no compute_causal_conv1d_metadata to build it"
             )
         cu = torch.tensor(p.cumsum(p.non_spec_lens), dtype=torch.int32)
-        return tuple(helper(cu, device=p.device))
+        return tuple(_call_conv_helper(loaded, helper, cu, p.device))
+
+
+def _call_conv_helper(
+    loaded: LoadedTree, helper: Callable[..., Any], cu_cpu: torch.Tensor, device: torch.device
+) -> Any:
+    """Call the tree's ``compute_causal_conv1d_metadata`` the way its signature asks.
+
+    Newer trees take the CPU ``query_start_loc`` and a keyword-only ``device``
+    (no device-to-host sync); older ones take the ``query_start_loc`` on the
+    device and derive the device from it. Which one is read from the helper's
+    own parameters, not from the release number.
+    """
+    params = list(inspect.signature(helper).parameters.values())
+    positional = [q for q in params if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
+    required_other = [
+        q.name
+        for q in params
+        if q.default is q.empty
+        and q.kind not in (q.VAR_POSITIONAL, q.VAR_KEYWORD)
+        and q.name != "device"
+        and (not positional or q is not positional[0])
+    ]
+    if not positional or required_other:
+        problem = (
+            f"also requires {', '.join(required_other)}"
+            if positional
+            else "takes no positional query_start_loc"
+        )
+        raise HarnessError(
+            f"{loaded.tree}: compute_causal_conv1d_metadata{inspect.signature(helper)} "
+            f"{problem}; the harness passes query_start_loc and, where taken, device="
+        )
+    if "device" in {q.name for q in params}:
+        return helper(cu_cpu, device=device)
+    return helper(cu_cpu.to(device))
 
 
 _SIMPLE: dict[str, Callable[[MetadataPlan], Any]] = {
@@ -358,7 +397,59 @@ _SIMPLE: dict[str, Callable[[MetadataPlan], Any]] = {
 }
 _CONV_FIELDS = ("nums_dict", "batch_ptr", "token_chunk_offset_ptr")
 _CHUNK_FIELDS = {"chunk_indices": "indices", "chunk_offsets": "offsets"}
-KNOWN_FIELDS = frozenset(_SIMPLE) | frozenset(_CONV_FIELDS) | frozenset(_CHUNK_FIELDS)
+# Fields of features the harness runs with switched off: the tree's builder
+# leaves them at their ``None`` default then, and ``_forward_core`` only uses
+# them on that feature's branch (or passes them on to an op that ignores them
+# on the Triton/FLA path). Each must be declared ``= None`` in the tree's
+# GDNAttentionMetadata, else the harness refuses (see _check_feature_off).
+FEATURE_OFF_FIELDS: dict[str, str] = {
+    # Built only for the ROCm AITER FlyDSL prefill backend; the harness runs
+    # the Triton/FLA prefill (gdn_prefill_backend "triton", no AITER), whose
+    # forward_native drops it.
+    "aiter_prefill_metadata": "ROCm AITER FlyDSL prefill",
+    # Prefix-caching checkpoints of mamba_cache_mode "align" (the harness's
+    # config says "none"); the plan exists only for the FlashInfer prefill.
+    # With the plan None, _forward_core takes the plain chunk-kernel branch.
+    "checkpoint": "mamba prefix-caching checkpoints (mamba_cache_mode 'align')",
+    "flashinfer_checkpoint_plan": "FlashInfer prefill checkpoints",
+}
+KNOWN_FIELDS = (
+    frozenset(_SIMPLE)
+    | frozenset(_CONV_FIELDS)
+    | frozenset(_CHUNK_FIELDS)
+    | frozenset(FEATURE_OFF_FIELDS)
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _metadata_defaults(tree: Path) -> dict[str, str]:
+    """``field -> default source`` of the tree's own GDNAttentionMetadata dataclass."""
+    path = tree / "vllm" / "v1" / "attention" / "backends" / "gdn_attn.py"
+    if not path.is_file():
+        return {}
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ClassDef) and node.name == "GDNAttentionMetadata":
+            return {
+                item.target.id: ast.unparse(item.value) if item.value is not None else ""
+                for item in node.body
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+            }
+    return {}
+
+
+def _check_feature_off(loaded: LoadedTree, fields: frozenset[str]) -> None:
+    wanted = sorted(fields & set(FEATURE_OFF_FIELDS))
+    if not wanted:
+        return
+    defaults = _metadata_defaults(loaded.tree)
+    bad = [name for name in wanted if defaults.get(name) != "None"]
+    if bad:
+        raise HarnessError(
+            f"{loaded.site}: _forward_core reads metadata field(s) {', '.join(bad)}, which "
+            "the harness leaves None (feature off: "
+            + "; ".join(FEATURE_OFF_FIELDS[n] for n in bad)
+            + "), but the tree's GDNAttentionMetadata does not declare them '= None'"
+        )
 
 
 def build_metadata(
@@ -372,10 +463,13 @@ def build_metadata(
             f"{loaded.site}: _forward_core reads metadata field(s) {', '.join(unknown)} "
             "that the harness does not know how to synthesise"
         )
+    _check_feature_off(loaded, fields)
     plan = MetadataPlan(batch=batch, slots=slots, device=device, fields=fields)
     values: dict[str, Any] = {}
     for name in sorted(fields):
-        if name in _SIMPLE:
+        if name in FEATURE_OFF_FIELDS:
+            values[name] = None
+        elif name in _SIMPLE:
             values[name] = _SIMPLE[name](plan)
         elif name in _CHUNK_FIELDS:
             values[name] = _chunk_meta(loaded, plan, _CHUNK_FIELDS[name])

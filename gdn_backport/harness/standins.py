@@ -29,6 +29,7 @@ __all__ = [
     "is_stub",
     "make_stub",
     "make_stub_module",
+    "module_constants",
 ]
 
 
@@ -270,15 +271,43 @@ def _forward_context_module(ctx: HarnessContext) -> types.ModuleType:
     )
 
 
+class _ConfigNode(types.SimpleNamespace):
+    """A node of the stand-in config: a missing field names its path.
+
+    The error is an ``AttributeError``, so ``getattr(cfg, name, default)``
+    probes still get their default.
+    """
+
+    def __init__(self, path: str, **fields: Any) -> None:
+        super().__init__(**fields)
+        object.__setattr__(self, "_gdn_path", path)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        path = self.__dict__.get("_gdn_path", "vllm_config")
+        raise AttributeError(f"gdn-backport harness: the config stand-in has no {path}.{name}")
+
+
 def _config_module(ctx: HarnessContext) -> types.ModuleType:
     # The Triton/FLA prefill backend is the one the harness runs everywhere.
-    config = types.SimpleNamespace(
+    # The HF config has no fields: the tree's getattr(..., "linear_key_head_dim",
+    # None) probes (backend choice and its log line) see "unknown". Trees read
+    # it as hf_text_config or, in ChunkGatedDeltaRule's log, hf_config.
+    model = "vllm_config.model_config"
+    config = _ConfigNode(
+        "vllm_config",
         additional_config={"gdn_prefill_backend": "triton"},
-        model_config=types.SimpleNamespace(hf_text_config=types.SimpleNamespace()),
+        model_config=_ConfigNode(
+            model,
+            hf_config=_ConfigNode(f"{model}.hf_config"),
+            hf_text_config=_ConfigNode(f"{model}.hf_text_config"),
+        ),
         speculative_config=None,
-        cache_config=types.SimpleNamespace(mamba_cache_mode="none"),
-        compilation_config=types.SimpleNamespace(),
-        parallel_config=types.SimpleNamespace(),
+        # No prefix-caching checkpoints ("align"): see metadata.FEATURE_OFF_FIELDS.
+        cache_config=_ConfigNode("vllm_config.cache_config", mamba_cache_mode="none"),
+        compilation_config=_ConfigNode("vllm_config.compilation_config"),
+        parallel_config=_ConfigNode("vllm_config.parallel_config"),
     )
     return _with_stub_fallback(
         _module(
@@ -406,7 +435,7 @@ def _gpu_sync_debug_module(ctx: HarnessContext) -> types.ModuleType:
     )
 
 
-def _module_constants(path: Path) -> dict[str, Any]:
+def module_constants(path: Path) -> dict[str, Any]:
     """Module-level ``NAME = <literal>`` assignments of a tree file."""
     if not path.is_file():
         return {}
@@ -415,7 +444,7 @@ def _module_constants(path: Path) -> dict[str, Any]:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
             if isinstance(target, ast.Name) and target.id.isupper():
-                with contextlib.suppress(ValueError):
+                with contextlib.suppress(ValueError, TypeError, SyntaxError, RecursionError):
                     found[target.id] = ast.literal_eval(node.value)
     return found
 
@@ -438,7 +467,7 @@ def _attention_utils_module(ctx: HarnessContext) -> types.ModuleType:
     import numpy as np
 
     path = ctx.tree / "vllm" / "v1" / "attention" / "backends" / "utils.py"
-    constants = _module_constants(path)
+    constants = module_constants(path)
     module = _module(
         "vllm.v1.attention.backends.utils",
         "stand-in: the tree's constants and conv1d metadata helper, nothing else",
