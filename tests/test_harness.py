@@ -370,3 +370,20 @@ def test_loader_drives_releases_with_version_specific_pieces(version: str, why: 
         assert not result.passed and "read the gates of tokens" in result.note, why
     else:
         assert result.passed, (why, result.note)
+
+
+@pytest.mark.network
+def test_gpu_runs_pin_each_autotuner_to_its_first_config() -> None:
+    interpreted()
+    from triton.runtime.autotuner import Autotuner
+
+    from gdn_backport.harness.loader import load_tree, pin_autotuners
+
+    loaded = load_tree(release_tree("0.27.1"))
+    tuners = [
+        v for m in loaded.modules.values() for v in vars(m).values() if isinstance(v, Autotuner)
+    ]
+    assert any(len(t.configs) > 1 for t in tuners)
+    firsts = [t.configs[0] for t in tuners]
+    assert pin_autotuners(loaded.modules.values()) > 0
+    assert [t.configs for t in tuners] == [[c] for c in firsts]

@@ -23,7 +23,7 @@ import importlib.util
 import os
 import sys
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -271,6 +271,34 @@ def install_triton_allocator(device: torch.device) -> bool:
     return True
 
 
+def pin_autotuners(modules: Iterable[types.ModuleType]) -> int:
+    """Make every Triton autotuner of ``modules`` use its first config only.
+
+    The suite checks numbers, not speed, and on a GPU each autotuned FLA
+    kernel otherwise benchmarks all its configs for every new shape (about
+    100 s per release and shape on an H200 with triton 3.6). The first config
+    is one the kernel's authors list as valid; a config a shape cannot use
+    fails loudly, never silently. ``GDN_BACKPORT_AUTOTUNE=1`` keeps tuning.
+    Returns how many autotuners were pinned.
+    """
+    if os.environ.get("GDN_BACKPORT_AUTOTUNE") == "1":
+        return 0
+    from triton.runtime.autotuner import Autotuner
+
+    pinned = 0
+    seen: set[int] = set()
+    for module in modules:
+        for value in list(vars(module).values()):
+            # @triton.heuristics / @triton.autotune nest: follow .fn down.
+            while value is not None and id(value) not in seen:
+                seen.add(id(value))
+                if isinstance(value, Autotuner) and len(value.configs) > 1:
+                    value.configs = value.configs[:1]
+                    pinned += 1
+                value = getattr(value, "fn", None)
+    return pinned
+
+
 def _cpu_device(index: Any = None) -> contextlib.AbstractContextManager[None]:
     return contextlib.nullcontext()
 
@@ -317,4 +345,6 @@ def load_tree(tree: Path, device: str = "cpu", site: GdnSite | None = None) -> L
     if not isinstance(layer_class, type):
         raise HarnessError(f"{site.path}: class {site.cls} not found after import")
     loaded.layer_class = layer_class
+    if not loaded.interpreted:
+        pin_autotuners(loaded.modules.values())
     return loaded
