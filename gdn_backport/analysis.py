@@ -115,6 +115,14 @@ def _compare(q: Vals, gate: Vals, path: frozenset[tuple[str, bool]]) -> tuple[st
     return ("unknown", unknown) if unknown else None
 
 
+def gate_aligned(call: SpecCall, gate: GateUse) -> bool:
+    """``gate`` carries the rows q/k/v carry, on every consistent path."""
+    if not call.rows:
+        return False
+    q = next(iter(call.rows.values()))
+    return _compare(q, gate.vals, call.record.path) is None
+
+
 def _spec_call(record: CallRecord, kernel: KernelSpec) -> SpecCall | None:
     bound = _bind(record, kernel)
     if isinstance(bound, str):
@@ -155,14 +163,13 @@ def _spec_call(record: CallRecord, kernel: KernelSpec) -> SpecCall | None:
     for other, vals in rows.items():
         bad = _compare(rows[q_param], vals, path)
         if bad is not None:
-            return SpecCall(
-                record,
-                kernel,
-                rows,
-                gates,
-                Status.UNKNOWN,
-                f"{kernel.name}: {q_param} and {other} do not carry the same rows",
+            # q against itself fails only when its rows cannot be traced.
+            why = (
+                f"the rows of {q_param} cannot be traced"
+                if other == q_param
+                else f"{q_param} and {other} do not carry the same rows"
             )
+            return SpecCall(record, kernel, rows, gates, Status.UNKNOWN, f"{kernel.name}: {why}")
     worst: tuple[Status, str] | None = None
     for gate in gates:
         bad = _compare(rows[q_param], gate.vals, path)
@@ -248,8 +255,7 @@ def analyse(
 ) -> SiteAnalysis | None:
     """The site analysis of ``func``, or None if it is not a GDN spec path."""
     flow = FlowWalker(patchset.fields, dict(imports)).run(func)
-    if not any(p is Prov.IDX_SPEC for _, p in flow.gathers):
-        return None
+    gathered = any(p is Prov.IDX_SPEC for _, p in flow.gathers)
     calls: list[SpecCall] = []
     opaque: list[str] = []
     for record in flow.calls:
@@ -259,10 +265,16 @@ def analyse(
             spec = _spec_call(record, kernel)
             if spec is not None:
                 calls.append(spec)
-        else:
+        elif gathered:
             why = _unknown_consumer(record, patchset, flow)
             if why is not None:
                 opaque.append(why)
+    if not gathered:
+        # No traceable spec gather, yet a kernel gets the spec state slots.
+        # Only a call whose rows cannot be traced (an index from a helper or
+        # ``getattr``) makes this a site, ``unknown``: saying nothing would
+        # let a fork's bug pass ``apply --check``.
+        calls = [c for c in calls if c.status is Status.UNKNOWN]
     if not calls and not opaque:
         return None
     if opaque:

@@ -37,7 +37,8 @@ def check_writable(path: Path) -> None:
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
     except OSError as exc:
-        raise UsageError(f"{path.parent}: cannot create files there ({exc.strerror})") from exc
+        why = f"cannot create a file in {path.parent} ({exc.strerror})"
+        raise UsageError(f"{path}: cannot write: {why}") from exc
     os.close(fd)
     os.unlink(tmp)
 
@@ -45,7 +46,10 @@ def check_writable(path: Path) -> None:
 def stage(path: Path, data: bytes, like: Path | None = None) -> Path:
     """Write ``data`` to a fsync'ed temporary beside ``path``; return its name."""
     mode = stat.S_IMODE((like or path).stat().st_mode) if (like or path).exists() else 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot create a file beside it ({exc.strerror})") from exc
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

@@ -581,7 +581,13 @@ class FlowWalker:
                 for i in ivals:
                     a = consistent(b.assume, i.assume)
                     if a is not None:
-                        result.add(Val(a, self._select(b, i.prov), b.defs | i.defs))
+                        prov = self._select(b, i.prov)
+                        if i.prov is Prov.NONE and b.prov.is_rows:
+                            # Rows picked by an index of unknown origin (a
+                            # helper's result, ``getattr(md, "...")``): which
+                            # rows is unknown, not "all of them".
+                            prov = Prov.CONFLICT
+                        result.add(Val(a, prov, b.defs | i.defs))
                         if i.prov in GATHERED and b.prov is Prov.ALL:
                             self.flow.gathers.append((node, i.prov))
                             self.flow.gathered_defs |= b.defs

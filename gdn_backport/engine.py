@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import enum
+import glob
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,12 @@ from gdn_backport.errors import UsageError
 from gdn_backport.patchset import load
 from gdn_backport.records import Record, Records, sha256
 from gdn_backport.scan import Site, read_source, relative, scan_file, scan_text, tree_root
+
+# A rewrite parses, regenerates and proves the whole module: about a minute
+# per MiB on one CPU core (5 MiB took 9 minutes). The largest file of any vLLM
+# release is 0.35 MiB. Above this size apply refuses with the reason instead
+# of running for minutes; scan and --check read files of any size.
+MAX_REWRITE_BYTES = 2 * 1024 * 1024
 
 
 class Mode(str, enum.Enum):
@@ -130,6 +137,13 @@ def apply_tree(path: Path, strategy: str = "gather", mode: Mode = Mode.WRITE) ->
         if unknown or mode is Mode.CHECK or not any(s.status is Status.AFFECTED for s in before):
             out.changes.extend(SiteChange(s, s, False) for s in before)
             continue
+        if len(original) > MAX_REWRITE_BYTES:
+            size, limit = len(original) / 2**20, MAX_REWRITE_BYTES / 2**20
+            out.refused.append(
+                (rel, f"{size:.1f} MiB is too large to rewrite (limit {limit:.0f} MiB)")
+            )
+            out.changes.extend(SiteChange(s, s, False) for s in before)
+            continue
         try:
             new = _rewrite(strategy, file, text, root)
         except UsageError as exc:
@@ -142,7 +156,9 @@ def apply_tree(path: Path, strategy: str = "gather", mode: Mode = Mode.WRITE) ->
         for s in before:
             out.changes.append(SiteChange(s, _match(after, s), False))
         out.diff += _diff(rel, text, new)
-        staged.append((file, rel, original, new.encode("utf-8")))
+        # Keep a UTF-8 byte-order mark (``locate.decode`` strips it to parse).
+        bom = locate.BOM if original.startswith(locate.BOM) else b""
+        staged.append((file, rel, original, bom + new.encode("utf-8")))
     if out.refused:
         # Fail closed: one file we cannot prove stops every write.
         out.diff = ""
@@ -164,6 +180,38 @@ def _match(after: list[Site], site: Site) -> Site:
     return min(same, key=lambda s: abs(s.line - site.line)) if same else site
 
 
+def _replace_all(files: list[tuple[Path, bytes, bytes]]) -> None:
+    """Replace each ``(file, current, new)`` atomically, all or none.
+
+    Every new file is staged (written and fsync'ed beside its original)
+    before the first rename. If a rename fails (EROFS, EACCES, EPERM on an
+    immutable file), the files already replaced get their ``current`` bytes
+    back, so a run leaves either every file new or every file as it was.
+    """
+    temps: list[tuple[Path, Path]] = []
+    done: list[tuple[Path, bytes]] = []
+    try:
+        for file, current, new in files:
+            if file.read_bytes() != current:
+                raise UsageError(f"{file}: changed on disk while gdn-backport ran")
+            # A run killed between staging and renaming left its temporary
+            # beside the file (the file itself whole); we hold the lock now.
+            for stale in file.parent.glob(f".{glob.escape(file.name)}.*.tmp"):
+                stale.unlink(missing_ok=True)
+            temps.append((atomic.stage(file, new), file))
+        for (tmp, file), (_, current, _) in zip(temps, files, strict=True):
+            try:
+                atomic.commit(tmp, file)
+            except OSError as exc:
+                for undo, old in reversed(done):
+                    atomic.write_atomic(undo, old)
+                raise UsageError(f"{file}: cannot write ({exc.strerror})") from exc
+            done.append((file, current))
+    finally:
+        for tmp, _ in temps:
+            tmp.unlink(missing_ok=True)
+
+
 def _write(
     root: Path,
     staged: list[tuple[Path, str, bytes, bytes]],
@@ -174,13 +222,11 @@ def _write(
     for file, _, _, _ in staged:
         atomic.check_writable(file)
     with atomic.tree_lock(root):
-        temps: list[tuple[Path, Path]] = []
+        records = Records(root)
+        before = dict(records.entries)
+        # The records go first: a process killed between the renames below
+        # leaves each file whole (old or new) and revert able to undo it.
         try:
-            for file, _, original, new in staged:
-                if file.read_bytes() != original:
-                    raise UsageError(f"{file}: changed on disk while gdn-backport ran")
-                temps.append((atomic.stage(file, new), file))
-            records = Records(root)
             for _, rel, original, new in staged:
                 records.add(
                     rel,
@@ -188,13 +234,20 @@ def _write(
                     Record(sha256(original), sha256(new), strategy, upstream, __version__),
                 )
             records.save()
-            for tmp, file in temps:
-                atomic.commit(tmp, file)
-                out.written.append(relative(file, root))
-            temps = []
-        finally:
-            for tmp, _ in temps:
-                tmp.unlink(missing_ok=True)
+        except OSError as exc:
+            why = f"cannot keep the originals ({exc.strerror})"
+            raise UsageError(f"{records.state}: {why}") from exc
+        try:
+            _replace_all([(file, original, new) for file, _, original, new in staged])
+        except UsageError:
+            # Nothing was written: forget this run's records again.
+            for _, rel, _, _ in staged:
+                if rel not in before:
+                    records.drop(rel)
+            records.entries = before
+            records.save()
+            raise
+        out.written.extend(relative(file, root) for file, _, _, _ in staged)
     out.message = f"patched {len(out.written)} file(s); undo with `gdn-backport revert`"
 
 
@@ -234,16 +287,13 @@ def revert_tree(path: Path, mode: Mode = Mode.WRITE) -> Outcome:
     for file, _, _, _ in restore:
         atomic.check_writable(file)
     with atomic.tree_lock(root):
-        for file, rel, current, original in restore:
-            if file.read_bytes() != current:
-                raise UsageError(f"{file}: changed on disk while gdn-backport ran")
-            atomic.write_atomic(file, original)
-            out.written.append(rel)
+        _replace_all([(file, current, original) for file, _, current, original in restore])
+        out.written.extend(rel for _, rel, _, _ in restore)
         for rel in wanted:
             records.drop(rel)
         records.save()
     for file, rel, current, _ in restore:
-        for s in scan_text(rel, current.decode("utf-8"), patchset, file):
+        for s in scan_text(rel, locate.decode(file, current), patchset, file):
             restored = _match(scan_file(file, root, patchset), s)
             out.changes.append(SiteChange(s, restored, True))
     out.message = f"restored {len(out.written)} file(s) to their original bytes"

@@ -21,6 +21,7 @@ from gdn_backport.dataflow import children_of
 from gdn_backport.errors import UsageError
 from gdn_backport.patchset import Patchset
 
+BOM = b"\xef\xbb\xbf"
 SKIP_DIRS = frozenset({".git", ".gdn-backport", "__pycache__", ".nox", ".venv", "node_modules"})
 
 
@@ -35,7 +36,11 @@ class Candidate:
 
 
 def python_files(root: Path) -> Iterator[Path]:
-    """Every ``*.py`` below ``root`` (or ``root`` itself), links not followed."""
+    """Every ``*.py`` below ``root`` (or ``root`` itself), links not followed.
+
+    Only regular files: reading a FIFO (or a device) named ``*.py`` would
+    block forever.
+    """
     if root.is_file():
         yield root
         return
@@ -44,7 +49,7 @@ def python_files(root: Path) -> Iterator[Path]:
         for name in sorted(filenames):
             if name.endswith(".py"):
                 path = Path(dirpath, name)
-                if not path.is_symlink():
+                if not path.is_symlink() and path.is_file():
                     yield path
 
 
@@ -56,7 +61,9 @@ def decode(path: Path, data: bytes) -> str:
     if b"\0" in data:
         raise UsageError(f"{path}: binary data (NUL bytes), not Python source")
     try:
-        return data.decode("utf-8")
+        # Python accepts a UTF-8 byte-order mark; ast and libcst do not. The
+        # engine puts it back on the bytes it writes.
+        return data.removeprefix(BOM).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"{path}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
 
@@ -105,6 +112,15 @@ def candidates(tree: ast.Module, lines: list[str], patchset: Patchset) -> list[C
     fields = patchset.fields.spec_index
     # A spec path hands the spec requests' state slots to its kernel.
     states = patchset.fields.spec_state
+    # Names of the known kernels here, import aliases included: a function
+    # that hands one the spec state slots is a spec path even when its gather
+    # cannot be traced (the analysis then says ``unknown``, never nothing).
+    kernels = frozenset(patchset.kernels)
+    kernel_names = kernels | {
+        local
+        for local, target in module_imports(tree).items()
+        if target.rsplit(".", 1)[-1] in kernels
+    }
     found: list[Candidate] = []
     seen: dict[str, int] = {}
 
@@ -122,7 +138,10 @@ def candidates(tree: ast.Module, lines: list[str], patchset: Patchset) -> list[C
                 if (
                     any(f in text for f in fields)
                     and any(f in text for f in states)
-                    and gathers_by_spec_index(child, fields)
+                    and (
+                        gathers_by_spec_index(child, fields)
+                        or names_kernel(child, kernel_names, kernels)
+                    )
                 ):
                     found.append(
                         Candidate(qual, occurrence, child.lineno, start, end, child.col_offset)
@@ -135,6 +154,17 @@ def candidates(tree: ast.Module, lines: list[str], patchset: Patchset) -> list[C
 
     visit(tree, "")
     return found
+
+
+def names_kernel(
+    func: ast.FunctionDef | ast.AsyncFunctionDef, names: frozenset[str], attrs: frozenset[str]
+) -> bool:
+    """The function mentions a known kernel (``k(...)``, ``ops.k``, ``alias``)."""
+    return any(
+        (isinstance(n, ast.Name) and n.id in names)
+        or (isinstance(n, ast.Attribute) and n.attr in attrs)
+        for n in ast.walk(func)
+    )
 
 
 def gathers_by_spec_index(
@@ -158,6 +188,18 @@ def gathers_by_spec_index(
             for n in ast.walk(node)
         )
 
+    def bound(target: ast.expr) -> Iterator[str]:
+        # Only the names an assignment binds: in ``out[:n] = x`` or
+        # ``self.y = x`` the names are read, not bound (tainting them made
+        # ``mixed_qkv = mixed_qkv[:n]`` hide a later ``mixed_qkv[spec_idx]``).
+        if isinstance(target, ast.Name):
+            yield target.id
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for element in target.elts:
+                yield from bound(element)
+        elif isinstance(target, ast.Starred):
+            yield from bound(target.value)
+
     nodes = list(ast.walk(func))
     assigns = [n for n in nodes if isinstance(n, (ast.Assign, ast.AnnAssign, ast.NamedExpr))]
     grew = True
@@ -168,9 +210,9 @@ def gathers_by_spec_index(
                 continue
             targets = a.targets if isinstance(a, ast.Assign) else [a.target]
             for t in targets:
-                for n in ast.walk(t):
-                    if isinstance(n, ast.Name) and n.id not in tainted:
-                        tainted.add(n.id)
+                for name in bound(t):
+                    if name not in tainted:
+                        tainted.add(name)
                         grew = True
     for n in nodes:
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):

@@ -28,7 +28,11 @@ class Site:
 def tree_root(path: Path) -> Path:
     """The tree a PATH names: a directory, or the directory of a single file."""
     if not path.exists():
+        if path.is_symlink():
+            raise UsageError(f"{path}: symbolic link to nothing (a loop or a missing target)")
         raise UsageError(f"{path}: no such file or directory")
+    if not (path.is_dir() or path.is_file()):
+        raise UsageError(f"{path}: not a regular file or a directory")
     return path if path.is_dir() else path.parent
 
 

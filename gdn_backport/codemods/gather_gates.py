@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import libcst as cst
 
-from gdn_backport.analysis import SpecCall
+from gdn_backport.analysis import SpecCall, gate_aligned
 from gdn_backport.codemods.base import Edit, Plan, Planner, Refusal, SiteCodemod, live
 from gdn_backport.provenance import Prov, Val
 
@@ -405,9 +405,11 @@ class GatherGatesCodemod(SiteCodemod):
     DESCRIPTION: str = "Backport vLLM PR #51812: gather GDN spec-kernel gate rows."
 
     def plan_call(self, planner: Planner, call: SpecCall, plan: Plan) -> None:
-        path = call.record.path
         for gate in call.gates:
-            if all(v.prov is Prov.SPEC for v in live(gate.vals, path)):
+            # A gate already aligned with q/k/v on every path is left alone:
+            # a half-done local fix may gather one gate in the mixed branch
+            # and alias it in the fast path, as upstream does.
+            if gate_aligned(call, gate):
                 continue
             name = gate_name(gate.arg, gate.param)
             check_gate(planner, call, name, gate.vals)

@@ -1,0 +1,1207 @@
+"""The mutation corpus: fork-shaped variants of the real affected ``_forward_core``.
+
+Forks carry vLLM's GDN layer with local edits: other local names, the kernel
+called positionally or through an alias, comments and another formatter's
+layout, extra statements and branches, the gather written another way, a
+half-done or hand-made fix, a wrapper around the kernel. Each
+:class:`Variant` is such an edit, written as a libcst transformation of the
+*real* method of a release fetched from PyPI at run time (no vLLM source
+lives in this repository), with the outcome it must have per strategy:
+
+* ``patched``: ``apply`` rewrites it; the result must scan as fixed, be
+  idempotent, revert byte for byte, and pass the regression suite's mixed
+  scenarios on the tree's own kernels (:func:`gdn_backport.verify.verify_tree`);
+* ``fixed``: already correct; ``scan`` says ``fixed`` and ``apply`` changes
+  nothing;
+* ``refused``: ``apply`` exits 2 naming the file and the reason (a substring
+  given here) and changes nothing on disk.
+
+:func:`run_case` drives one (release, variant, strategy) through the real
+command line (:func:`gdn_backport.cli.main`) on a private slim copy of the
+release (:func:`slim_tree`). Anything other than the expected outcome
+is ``wrong``, and a patched variant that fails verification is the worst
+kind of wrong; the corpus must report none.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import functools
+import io
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import cast
+
+import libcst as cst
+
+from gdn_backport import atomic, sources
+from gdn_backport.dataflow import children_of, code, walk
+from gdn_backport.report import table
+
+__all__ = [
+    "LAYOUTS",
+    "STRATEGIES",
+    "VARIANTS",
+    "CaseResult",
+    "CorpusError",
+    "Expect",
+    "Layout",
+    "Variant",
+    "counts_table",
+    "layout",
+    "render",
+    "run_case",
+    "slim_tree",
+    "unpatched_fails",
+    "variant",
+    "variant_source",
+]
+
+KERNEL = "fused_sigmoid_gating_delta_rule_update"
+# The kernel's parameters in order (the same in every affected release).
+KERNEL_PARAMS = ("A_log", "a", "b", "dt_bias", "q", "k", "v")
+STRATEGIES = ("gather", "kernel")
+
+
+class CorpusError(Exception):
+    """A variant's transformation found no place to apply (the corpus is wrong)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one affected release keeps its GDN spec path."""
+
+    version: str
+    path: str  # the GDN module, relative to the tree root
+    cls: str  # the class defining ``_forward_core``
+
+
+LAYOUTS = (
+    Layout("0.18.1", "vllm/model_executor/models/qwen3_next.py", "Qwen3NextGatedDeltaNet"),
+    Layout(
+        "0.21.0",
+        "vllm/model_executor/layers/mamba/gdn_linear_attn.py",
+        "GatedDeltaNetAttention",
+    ),
+    Layout(
+        "0.27.1",
+        "vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py",
+        "QwenGatedDeltaNetAttention",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Expect:
+    outcome: str  # "patched" | "fixed" | "refused"
+    reason: str = ""  # for "refused": a substring of the one-line error
+
+    def __str__(self) -> str:
+        return f"{self.outcome} ({self.reason})" if self.reason else self.outcome
+
+
+PATCHED = Expect("patched")
+FIXED = Expect("fixed")
+
+
+def refused(reason: str) -> Expect:
+    return Expect("refused", reason)
+
+
+# --- the method under edit ---------------------------------------------------
+
+
+class Subject:
+    """A module being edited, and helpers to find the parts of its GDN method."""
+
+    def __init__(self, text: str, cls: str) -> None:
+        self.module = _parse(text)
+        self.cls = cls
+
+    def method(self) -> cst.FunctionDef:
+        for node in self.module.body:
+            if isinstance(node, cst.ClassDef) and node.name.value == self.cls:
+                for stmt in node.body.body:
+                    if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "_forward_core":
+                        return stmt
+        raise CorpusError(f"class {self.cls} has no _forward_core")
+
+    def replace(
+        self, old: cst.CSTNode, new: cst.CSTNode | cst.FlattenSentinel[cst.CSTNode]
+    ) -> None:
+        """Put ``new`` (one node, or several in a sequence) where ``old`` is.
+
+        Only ``old``'s ancestors are rebuilt; ``deep_replace`` rebuilds every
+        node of the module."""
+        chain = _ancestors(self.module, old)
+        nodes = list(new.nodes) if isinstance(new, cst.FlattenSentinel) else [new]
+        for parent in reversed(chain):
+            nodes, old = [_with_child(parent, old, nodes)], parent
+        self.module = cast(cst.Module, nodes[0])
+
+    def insert_after(self, stmt: cst.CSTNode, text: str) -> None:
+        self.replace(stmt, cst.FlattenSentinel([stmt, *_statements(text)]))
+
+    def insert_before(self, stmt: cst.CSTNode, text: str) -> None:
+        self.replace(stmt, cst.FlattenSentinel([*_statements(text), stmt]))
+
+    def transform_method(self, transformer: cst.CSTTransformer) -> None:
+        old = self.method()
+        self.replace(old, cast(cst.FunctionDef, old.visit(transformer)))
+
+    # -- anchors --------------------------------------------------------------
+
+    def spec_call(self) -> cst.Call:
+        """The spec-kernel call: fed the spec requests' state slots."""
+        for node in walk(self.method()):
+            if isinstance(node, cst.Call) and any(
+                a.keyword is not None
+                and a.keyword.value == "ssm_state_indices"
+                and code(a.value) == "spec_state_indices_tensor"
+                for a in node.args
+            ):
+                return node
+        raise CorpusError("no spec-kernel call")
+
+    def statement_of(self, node: cst.CSTNode) -> cst.SimpleStatementLine:
+        """The statement line holding ``node``."""
+        for stmt in walk(self.method()):
+            if isinstance(stmt, cst.SimpleStatementLine) and any(n is node for n in walk(stmt)):
+                return stmt
+        raise CorpusError(f"no statement holds {code(node)[:60]!r}")
+
+    def assignment(self, target: str, value_contains: str) -> cst.SimpleStatementLine:
+        """The line ``target = <value containing the text>``."""
+        for stmt in walk(self.method()):
+            if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+                continue
+            small = stmt.body[0]
+            if (
+                isinstance(small, cst.Assign)
+                and code(small.targets[0].target) == target
+                and value_contains in code(small.value)
+            ):
+                return stmt
+        raise CorpusError(f"no assignment {target} = ...{value_contains}...")
+
+    def gather(self) -> cst.SimpleStatementLine:
+        """``mixed_qkv_spec = mixed_qkv.index_select(0, spec_token_indx)``."""
+        return self.assignment("mixed_qkv_spec", "index_select(0, spec_token_indx)")
+
+    def fast_path(self) -> cst.If:
+        """``if <no prefills and no decodes>: mixed_qkv_spec = mixed_qkv ...``."""
+        for node in walk(self.method()):
+            if isinstance(node, cst.If) and any(
+                isinstance(s, cst.SimpleStatementLine)
+                and code(s).strip() == "mixed_qkv_spec = mixed_qkv"
+                for s in node.body.body
+            ):
+                return node
+        raise CorpusError("no pure-spec fast path")
+
+    def body_start(self) -> cst.BaseStatement:
+        """The first statement of the method after its docstring."""
+        body = self.method().body
+        assert isinstance(body, cst.IndentedBlock)
+        first = body.body[0]
+        if (
+            isinstance(first, cst.SimpleStatementLine)
+            and isinstance(first.body[0], cst.Expr)
+            and isinstance(first.body[0].value, cst.SimpleString | cst.ConcatenatedString)
+        ):
+            return body.body[1]
+        return first
+
+    def set_call(self, call: cst.Call, new: cst.Call) -> None:
+        self.replace(call, new)
+
+
+@functools.lru_cache(maxsize=4)
+def _parse(text: str) -> cst.Module:
+    # Nodes are immutable: every variant of a release starts from one parse.
+    return cst.parse_module(text)
+
+
+def _ancestors(root: cst.CSTNode, target: cst.CSTNode) -> list[cst.CSTNode]:
+    """The nodes from ``root`` down to ``target``'s parent."""
+    stack: list[tuple[cst.CSTNode, list[cst.CSTNode]]] = [(root, [])]
+    while stack:
+        node, path = stack.pop()
+        for child in children_of(node):
+            if child is target:
+                return [*path, node]
+            stack.append((child, [*path, node]))
+    raise CorpusError("node not in the module")
+
+
+def _with_child(parent: cst.CSTNode, old: cst.CSTNode, new: Sequence[cst.CSTNode]) -> cst.CSTNode:
+    for f in dataclasses.fields(parent):
+        value = getattr(parent, f.name)
+        if value is old:
+            [one] = new
+            return parent.with_changes(**{f.name: one})
+        if isinstance(value, (list, tuple)) and any(v is old for v in value):
+            items: list[cst.CSTNode] = []
+            for v in value:
+                if v is old:
+                    items.extend(new)
+                else:
+                    items.append(v)
+            return parent.with_changes(**{f.name: items})
+    raise CorpusError("child not found in its parent")
+
+
+def _statements(text: str) -> list[cst.BaseStatement]:
+    return list(cst.parse_module(text).body)
+
+
+class _Rename(cst.CSTTransformer):
+    """Rename names read or bound (not attributes, keywords or parameters)."""
+
+    def __init__(self, mapping: dict[str, str]) -> None:
+        self.mapping = mapping
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+        new = self.mapping.get(updated_node.value)
+        return updated_node.with_changes(value=new) if new else updated_node
+
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.Attribute:
+        return updated_node.with_changes(attr=original_node.attr)
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        return updated_node.with_changes(keyword=original_node.keyword)
+
+    def leave_Param(self, original_node: cst.Param, updated_node: cst.Param) -> cst.Param:
+        return updated_node.with_changes(name=original_node.name)
+
+    def leave_ImportAlias(
+        self, original_node: cst.ImportAlias, updated_node: cst.ImportAlias
+    ) -> cst.ImportAlias:
+        return updated_node.with_changes(name=original_node.name)
+
+
+class _Collapse(cst.CSTTransformer):
+    """Put a statement on one line: no newlines or comments inside brackets."""
+
+    def leave_ParenthesizedWhitespace(
+        self,
+        original_node: cst.ParenthesizedWhitespace,
+        updated_node: cst.ParenthesizedWhitespace,
+    ) -> cst.SimpleWhitespace:
+        return cst.SimpleWhitespace("")
+
+    def leave_Comma(self, original_node: cst.Comma, updated_node: cst.Comma) -> cst.Comma:
+        return updated_node.with_changes(
+            whitespace_before=cst.SimpleWhitespace(""),
+            whitespace_after=cst.SimpleWhitespace(" "),
+        )
+
+
+def _with_commas(args: Sequence[cst.Arg], like: Sequence[cst.Arg]) -> list[cst.Arg]:
+    """``args`` reordered, each taking the separator of the slot it lands in."""
+    return [a.with_changes(comma=slot.comma) for a, slot in zip(args, like, strict=True)]
+
+
+def _arg(call: cst.Call, keyword: str) -> cst.Arg:
+    for a in call.args:
+        if a.keyword is not None and a.keyword.value == keyword:
+            return a
+    raise CorpusError(f"the call has no {keyword}= argument")
+
+
+def _set_arg(call: cst.Call, keyword: str, value: str) -> cst.Call:
+    old = _arg(call, keyword)
+    args = [
+        old.with_changes(value=cst.parse_expression(value)) if a is old else a for a in call.args
+    ]
+    return call.with_changes(args=args)
+
+
+def _kernel_import(module: cst.Module) -> tuple[cst.ImportFrom, cst.ImportAlias]:
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.ImportFrom):
+            imp = stmt.body[0]
+            if isinstance(imp.names, cst.ImportStar):
+                continue
+            for alias in imp.names:
+                if code(alias.name) == KERNEL:
+                    return imp, alias
+    raise CorpusError(f"no `from ... import {KERNEL}`")
+
+
+def _line_of(module: cst.Module, node: cst.CSTNode) -> cst.SimpleStatementLine:
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine) and any(n is node for n in walk(stmt)):
+            return stmt
+    raise CorpusError("node not on a top-level line")
+
+
+# --- the variants ----------------------------------------------------------------
+
+Mutation = Callable[[Subject], None]
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    doc: str
+    mutate: Mutation
+    gather: Expect
+    kernel: Expect
+    # Scenarios that do not apply to this variant, and why (verify runs the
+    # others of those asked for, plus "production" so a mixed batch remains).
+    skip: tuple[str, ...] = ()
+    why_skip: str = ""
+
+    def expect(self, strategy: str) -> Expect:
+        return self.gather if strategy == "gather" else self.kernel
+
+    def scenarios(self, asked: Sequence[str]) -> tuple[str, ...]:
+        if not self.skip:
+            return tuple(asked)
+        kept = [s for s in asked if s not in self.skip]
+        return tuple(dict.fromkeys([*kept, "production"]))
+
+
+def _release(s: Subject) -> None:
+    """The method as the release has it."""
+
+
+def _rename_gates(s: Subject) -> None:
+    s.transform_method(_Rename({"a": "alpha", "b": "beta_gate"}))
+    s.insert_before(s.body_start(), "alpha, beta_gate = a, b\n")
+
+
+def _rename_spec_locals(s: Subject) -> None:
+    s.transform_method(
+        _Rename(
+            {
+                "mixed_qkv_spec": "qkv_sd",
+                "spec_token_indx": "sd_rows",
+                "spec_state_indices_tensor": "sd_slots",
+                "query_spec": "q_sd",
+                "key_spec": "k_sd",
+                "value_spec": "v_sd",
+                "core_attn_out_spec": "out_sd",
+            }
+        )
+    )
+
+
+def _positional(s: Subject) -> None:
+    call = s.spec_call()
+    by_kw = {a.keyword.value: a for a in call.args if a.keyword is not None}
+    front = [
+        by_kw[p].with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT) for p in KERNEL_PARAMS
+    ]
+    rest = [a for a in call.args if a.keyword is not None and a.keyword.value not in KERNEL_PARAMS]
+    s.set_call(call, call.with_changes(args=_with_commas([*front, *rest], call.args)))
+
+
+def _reordered_kwargs(s: Subject) -> None:
+    call = s.spec_call()
+    s.set_call(call, call.with_changes(args=_with_commas(list(reversed(call.args)), call.args)))
+
+
+def _import_alias(s: Subject) -> None:
+    imp, alias = _kernel_import(s.module)
+    new_alias = alias.with_changes(asname=cst.AsName(cst.Name("gdn_spec_update")))
+    s.replace(imp, imp.deep_replace(alias, new_alias))
+    s.module = s.module.visit(_Rename({KERNEL: "gdn_spec_update"}))
+
+
+def _module_alias(s: Subject) -> None:
+    imp, _ = _kernel_import(s.module)
+    module = code(imp.module) if imp.module is not None else ""
+    parent, _, last = module.rpartition(".")
+    s.insert_after(_line_of(s.module, imp), f"from {parent} import {last} as gdn_ops\n")
+    call = s.spec_call()
+    s.set_call(call, call.with_changes(func=cst.parse_expression(f"gdn_ops.{KERNEL}")))
+
+
+def _local_alias(s: Subject) -> None:
+    s.insert_before(s.body_start(), f"spec_update = {KERNEL}\n")
+    call = s.spec_call()
+    s.set_call(call, call.with_changes(func=cst.Name("spec_update")))
+
+
+def _comments_in_call(s: Subject) -> None:
+    call = s.spec_call()
+    args = list(call.args)
+    for i, a in enumerate(args):
+        comma = a.comma
+        if not (
+            isinstance(comma, cst.Comma)
+            and isinstance(comma.whitespace_after, cst.ParenthesizedWhitespace)
+        ):
+            raise CorpusError("the spec call is not one argument per line")
+        ws = comma.whitespace_after
+        if a.keyword is not None and a.keyword.value in ("a", "b"):
+            first = ws.first_line.with_changes(
+                whitespace=cst.SimpleWhitespace("  "),
+                comment=cst.Comment(f"# fork: gate {a.keyword.value}, all token rows"),
+            )
+            ws = ws.with_changes(first_line=first)
+        if a.keyword is not None and a.keyword.value == "dt_bias":
+            note = cst.EmptyLine(
+                indent=ws.indent,
+                whitespace=ws.last_line,
+                comment=cst.Comment("# q/k/v: the spec rows"),
+            )
+            ws = ws.with_changes(empty_lines=[*ws.empty_lines, note])
+        args[i] = a.with_changes(comma=comma.with_changes(whitespace_after=ws))
+    s.set_call(call, call.with_changes(args=args))
+    gather = s.gather()
+    s.replace(
+        gather,
+        gather.with_changes(
+            leading_lines=[
+                *gather.leading_lines,
+                cst.EmptyLine(comment=cst.Comment("# fork: gather the spec rows")),
+            ]
+        ),
+    )
+
+
+def _collapsed_layout(s: Subject) -> None:
+    stmt = s.statement_of(s.spec_call())
+    s.replace(stmt, cast(cst.SimpleStatementLine, stmt.visit(_Collapse())))
+
+
+def _aligned_layout(s: Subject) -> None:
+    # yapf/pep8-style: arguments after the opening parenthesis, continuation
+    # lines aligned with it. A text edit anchored on the collapsed call.
+    _collapsed_layout(s)
+    text = s.module.code
+    start = text.index(f"{KERNEL}(A_log=")
+    line_start = text.rindex("\n", 0, start) + 1
+    column = start - line_start + len(KERNEL) + 1
+    out, depth, i = [], 0, start + len(KERNEL)
+    while True:
+        ch = text[i]
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if depth == 1 and text.startswith(", ", i):
+            out.append(",\n" + " " * column)
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+        if depth == 0:
+            break
+    call = "".join(out).replace(",\n" + " " * column + ")", ")")
+    s.module = cst.parse_module(text[: start + len(KERNEL)] + call + text[i:])
+
+
+def _exploded_gather(s: Subject) -> None:
+    # black's magic trailing comma: one argument per line.
+    s.replace(
+        s.gather(),
+        _statements("mixed_qkv_spec = mixed_qkv.index_select(\n    0,\n    spec_token_indx,\n)\n")[
+            0
+        ],
+    )
+
+
+def _extra_statements(s: Subject) -> None:
+    s.insert_after(s.gather(), "gathered_rows = mixed_qkv_spec.shape[0]\n")
+    s.insert_after(
+        s.fast_path(),
+        "num_spec_rows = 0 if spec_token_indx is None else spec_token_indx.numel()\n"
+        "if num_spec_rows < 0:\n"
+        '    raise RuntimeError("negative spec row count")\n',
+    )
+    s.insert_before(
+        s.statement_of(s.spec_call()),
+        "assert query_spec.shape[1] == key_spec.shape[1]\ngate_rows = a.shape[0]\n",
+    )
+
+
+def _extra_branch(s: Subject) -> None:
+    s.insert_after(
+        s.fast_path(),
+        'if getattr(self, "fork_contiguous_spec", True) and mixed_qkv_spec is not None:\n'
+        "    mixed_qkv_spec = mixed_qkv_spec.contiguous()\n",
+    )
+
+
+def _duplicate_spec_call(s: Subject) -> None:
+    stmt = s.statement_of(s.spec_call())
+    text = code(stmt)
+    indented = "".join("    " + line if line.strip() else line for line in text.splitlines(True))
+    s.replace(
+        stmt,
+        _statements(
+            'if getattr(self, "fork_alt_spec_kernel", False):\n' + indented + "else:\n" + indented
+        )[0],
+    )
+
+
+def _no_fast_path(s: Subject) -> None:
+    fast = s.fast_path()
+    orelse = fast.orelse
+    if not isinstance(orelse, cst.Else):
+        raise CorpusError("the fast path has no else arm")
+    assert isinstance(orelse.body, cst.IndentedBlock)
+    s.replace(fast, cst.FlattenSentinel(list(orelse.body.body)))
+
+
+def _fancy_index(s: Subject) -> None:
+    s.replace(s.gather(), _statements("mixed_qkv_spec = mixed_qkv[spec_token_indx]\n")[0])
+
+
+def _torch_index_select(s: Subject) -> None:
+    s.replace(
+        s.gather(),
+        _statements("mixed_qkv_spec = torch.index_select(mixed_qkv, 0, spec_token_indx)\n")[0],
+    )
+
+
+def _hand_fix(s: Subject, fast: str, mixed: str, a: str, b: str) -> None:
+    """Add lines to both arms of the fast path and pass ``a``/``b`` names."""
+    s.insert_after(s.assignment("mixed_qkv_spec", "mixed_qkv"), fast)
+    s.insert_after(s.gather(), mixed)
+    call = s.spec_call()
+    s.set_call(call, _set_arg(_set_arg(call, "a", a), "b", b))
+
+
+def _one_gate(s: Subject) -> None:
+    _hand_fix(s, "b_spec = b\n", "b_spec = b.index_select(0, spec_token_indx)\n", "a", "b_spec")
+
+
+def _fixed_renamed(s: Subject) -> None:
+    _hand_fix(
+        s,
+        "alpha_sd = a\nbeta_sd = b\n",
+        "alpha_sd = a.index_select(0, spec_token_indx)\n"
+        "beta_sd = torch.index_select(b, 0, spec_token_indx)\n",
+        "alpha_sd",
+        "beta_sd",
+    )
+
+
+def _fixed_fancy(s: Subject) -> None:
+    _hand_fix(
+        s,
+        "a_rows = a\nb_rows = b\n",
+        "a_rows = a[spec_token_indx]\nb_rows = b[spec_token_indx]\n",
+        "a_rows",
+        "b_rows",
+    )
+
+
+def _fixed_ifexp(s: Subject) -> None:
+    test = code(s.fast_path().test)
+    s.insert_before(
+        s.statement_of(s.spec_call()),
+        f"a_sd = a if {test} else a.index_select(0, spec_token_indx)\n"
+        f"b_sd = b if {test} else b.index_select(0, spec_token_indx)\n",
+    )
+    call = s.spec_call()
+    s.set_call(call, _set_arg(_set_arg(call, "a", "a_sd"), "b", "b_sd"))
+
+
+def _gates_non_spec_index(s: Subject) -> None:
+    _hand_fix(
+        s,
+        "a_spec = a\nb_spec = b\n",
+        "a_spec = a.index_select(0, non_spec_token_indx)\n"
+        "b_spec = b.index_select(0, non_spec_token_indx)\n",
+        "a_spec",
+        "b_spec",
+    )
+
+
+def _wrapper_function(s: Subject) -> None:
+    [cls] = [n for n in s.module.body if isinstance(n, cst.ClassDef) and n.name.value == s.cls]
+    [wrapper] = _statements(f"def _fork_spec_update(**kwargs):\n    return {KERNEL}(**kwargs)\n")
+    blank = [cst.EmptyLine(), cst.EmptyLine()]
+    wrapper = wrapper.with_changes(leading_lines=cls.leading_lines)
+    s.replace(cls, cst.FlattenSentinel([wrapper, cls.with_changes(leading_lines=blank)]))
+    call = s.spec_call()
+    s.set_call(call, call.with_changes(func=cst.Name("_fork_spec_update")))
+
+
+def _lambda_wrapper(s: Subject) -> None:
+    s.insert_before(s.body_start(), f"spec_update = lambda **kw: {KERNEL}(**kw)\n")
+    call = s.spec_call()
+    s.set_call(call, call.with_changes(func=cst.Name("spec_update")))
+
+
+def _starred_kwargs(s: Subject) -> None:
+    s.insert_before(s.statement_of(s.spec_call()), "gate_kwargs = dict(a=a, b=b)\n")
+    call = s.spec_call()
+    args = [a for a in call.args if not (a.keyword and a.keyword.value in ("a", "b"))]
+    star = cst.Arg(cst.Name("gate_kwargs"), star="**", comma=args[-1].comma)
+    args[-1] = args[-1].with_changes(comma=args[-2].comma)
+    s.set_call(call, call.with_changes(args=[*args, star]))
+
+
+def _gate_reassigned(s: Subject) -> None:
+    s.insert_before(s.statement_of(s.spec_call()), "a = a.contiguous()\n")
+
+
+def _inline_gate_gather(s: Subject) -> None:
+    call = s.spec_call()
+    s.set_call(
+        call,
+        _set_arg(
+            _set_arg(call, "a", "a.index_select(0, spec_token_indx)"),
+            "b",
+            "b.index_select(0, spec_token_indx)",
+        ),
+    )
+
+
+def _ifexp_fast_path(s: Subject) -> None:
+    fast = s.fast_path()
+    test = code(fast.test)
+    s.replace(
+        fast,
+        cst.FlattenSentinel(
+            _statements(
+                f"mixed_qkv_spec = mixed_qkv if {test} else "
+                "mixed_qkv.index_select(0, spec_token_indx)\n"
+                f"mixed_qkv_non_spec = None if {test} else "
+                "mixed_qkv.index_select(0, non_spec_token_indx)\n"
+            )
+        ),
+    )
+
+
+def _untraceable_index(s: Subject) -> None:
+    line = s.assignment("spec_token_indx", "attn_metadata.spec_token_indx")
+    s.replace(line, _statements('spec_token_indx = getattr(attn_metadata, "spec_token_indx")\n')[0])
+
+
+UNKNOWN_WRAPPER = "not a known kernel"
+VARIANTS: tuple[Variant, ...] = (
+    Variant("release", "the method as released", _release, PATCHED, PATCHED),
+    Variant(
+        "rename_gates",
+        "a, b read through other locals (alpha, beta_gate) everywhere",
+        _rename_gates,
+        PATCHED,
+        PATCHED,
+    ),
+    Variant(
+        "rename_spec_locals",
+        "mixed_qkv_spec, spec_token_indx, spec_state_indices_tensor, q/k/v renamed",
+        _rename_spec_locals,
+        PATCHED,
+        PATCHED,
+    ),
+    Variant(
+        "positional_args",
+        "the spec kernel called with A_log, a, b, dt_bias, q, k, v positional",
+        _positional,
+        PATCHED,
+        PATCHED,
+    ),
+    Variant(
+        "reordered_kwargs",
+        "the spec kernel's keyword arguments in reverse order",
+        _reordered_kwargs,
+        PATCHED,
+        PATCHED,
+    ),
+    Variant(
+        "import_alias",
+        "the kernel imported `as gdn_spec_update`",
+        _import_alias,
+        PATCHED,
+        PATCHED,
+    ),
+    Variant(
+        "module_alias",
+        "the kernel called as an attribute of its ops module (`gdn_ops.kernel`)",
+        _module_alias,
+        PATCHED,
+        PATCHED,
+    ),
+    Variant(
+        "local_alias",
+        "the kernel bound to a local (`spec_update = kernel`) and called through it",
+        _local_alias,
+        PATCHED,
+        PATCHED,
+    ),
+    Variant(
+        "comments_in_call",
+        "comments inside the spec call and before the gather",
+        _comments_in_call,
+        PATCHED,
+        PATCHED,
+    ),
+    Variant(
+        "collapsed_layout",
+        "the spec call collapsed onto one line (no black)",
+        _collapsed_layout,
+        PATCHED,
+        PATCHED,
+    ),
+    Variant(
+        "aligned_layout",
+        "the spec call's arguments aligned under its opening parenthesis (yapf)",
+        _aligned_layout,
+        PATCHED,
+        PATCHED,
+    ),
+    Variant(
+        "exploded_gather",
+        "the gather split one argument per line (black's magic trailing comma)",
+        _exploded_gather,
+        PATCHED,
+        PATCHED,
+    ),
+    Variant(
+        "extra_statements",
+        "bookkeeping lines after the gather, after the fast path and before the call",
+        _extra_statements,
+        PATCHED,
+        PATCHED,
+    ),
+    Variant(
+        "extra_branch",
+        "an extra branch re-assigning the spec rows (`.contiguous()`)",
+        _extra_branch,
+        PATCHED,
+        PATCHED,
+    ),
+    Variant(
+        "duplicate_spec_call",
+        "the spec call duplicated in an if/else on a fork flag",
+        _duplicate_spec_call,
+        PATCHED,
+        PATCHED,
+    ),
+    Variant(
+        "no_fast_path",
+        "the pure-spec fast path removed: always gather",
+        _no_fast_path,
+        PATCHED,
+        PATCHED,
+        skip=("pure_spec",),
+        why_skip="without the fast path the fork copies q/k/v and gates in pure-spec "
+        "batches too; pure_spec checks upstream's zero-copy aliasing",
+    ),
+    Variant(
+        "fancy_index",
+        "the spec rows gathered by subscript, `mixed_qkv[spec_token_indx]`",
+        _fancy_index,
+        PATCHED,
+        refused("use --strategy gather"),
+    ),
+    Variant(
+        "torch_index_select",
+        "the spec rows gathered with `torch.index_select(mixed_qkv, 0, idx)`",
+        _torch_index_select,
+        PATCHED,
+        PATCHED,
+    ),
+    Variant(
+        "one_gate_gathered",
+        "a half-done local fix: b gathered (and aliased in the fast path), a not",
+        _one_gate,
+        PATCHED,
+        refused("already gathered"),
+    ),
+    Variant(
+        "fixed_renamed",
+        "fixed by hand under other names, index_select and torch.index_select",
+        _fixed_renamed,
+        FIXED,
+        FIXED,
+    ),
+    Variant(
+        "fixed_fancy",
+        "fixed by hand with fancy indexing, `a[spec_token_indx]`",
+        _fixed_fancy,
+        FIXED,
+        FIXED,
+    ),
+    Variant(
+        "fixed_ifexp",
+        "fixed by hand with conditional expressions on the fast path's own test",
+        _fixed_ifexp,
+        FIXED,
+        FIXED,
+    ),
+    Variant(
+        "gates_non_spec_index",
+        "broken: gates gathered with the non-spec index",
+        _gates_non_spec_index,
+        refused("does not carry all token rows"),
+        refused("does not carry all token rows"),
+    ),
+    Variant(
+        "wrapper_function",
+        "the kernel behind a module-level wrapper taking **kwargs",
+        _wrapper_function,
+        refused(UNKNOWN_WRAPPER),
+        refused(UNKNOWN_WRAPPER),
+    ),
+    Variant(
+        "lambda_wrapper",
+        "the kernel behind a local lambda",
+        _lambda_wrapper,
+        refused(UNKNOWN_WRAPPER),
+        refused(UNKNOWN_WRAPPER),
+    ),
+    Variant(
+        "starred_kwargs",
+        "the gates passed through **kwargs",
+        _starred_kwargs,
+        refused("*args/**kwargs"),
+        refused("*args/**kwargs"),
+    ),
+    Variant(
+        "gate_reassigned",
+        "`a = a.contiguous()` between the gather and the call",
+        _gate_reassigned,
+        refused("reassigned between the spec gather and the kernel call"),
+        refused("reassigned between the spec gather and the kernel call"),
+    ),
+    Variant(
+        "inline_gate_gather",
+        "gates gathered inline in the call, also on the fast path (correct at run "
+        "time, since the fast path's index is the identity, but not provable)",
+        _inline_gate_gather,
+        refused("passed as an expression"),
+        refused("already gathered"),
+    ),
+    Variant(
+        "ifexp_fast_path",
+        "the fast path written as conditional expressions",
+        _ifexp_fast_path,
+        refused("does not prove aligned"),
+        refused("does not prove aligned"),
+    ),
+    Variant(
+        "untraceable_index",
+        "the spec index read with getattr(md, 'spec_token_indx'): rows not traceable",
+        _untraceable_index,
+        refused("cannot be traced"),
+        refused("cannot be traced"),
+    ),
+)
+
+
+def layout(version: str) -> Layout:
+    for lay in LAYOUTS:
+        if lay.version == version:
+            return lay
+    raise KeyError(f"{version}: no layout in the corpus")
+
+
+def variant(name: str) -> Variant:
+    for v in VARIANTS:
+        if v.name == name:
+            return v
+    raise KeyError(f"{name}: no such variant")
+
+
+def variant_source(original: str, lay: Layout, var: Variant) -> str:
+    """The GDN module's text with ``var`` applied to its ``_forward_core``."""
+    subject = Subject(original, lay.cls)
+    var.mutate(subject)
+    text = subject.module.code
+    if var.mutate is not _release and text == original:
+        raise CorpusError(f"{var.name}: the transformation changed nothing")
+    try:
+        ast.parse(text)
+    except SyntaxError as exc:
+        raise CorpusError(f"{var.name}: the variant does not parse: {exc}") from exc
+    return text
+
+
+# --- the runner ------------------------------------------------------------------
+
+
+def slim_tree(version: str, dest: Path) -> Path:
+    """A private copy of a release, cheap to scan and to copy again.
+
+    Real files: the GDN module and every module with ``ops`` on its path
+    (the kernels; the kernel strategy reads its slot rule from one). The
+    rest of the release is there as symbolic links into the cache (a whole
+    folder as one link where it holds no real file): the regression harness
+    may read any of it, while ``scan``/``apply`` never follow links, so it
+    costs them nothing and they cannot write into the cache.
+    """
+    src = sources.release_tree(version)
+    lay = layout(version)
+    kernels = {p.relative_to(src) for p in (src / "vllm").rglob("*.py")}
+    real = {Path(lay.path)} | {r for r in kernels if "ops" in r.parts[1:-1]}
+    keep = {parent for r in real for parent in r.parents}
+
+    def fill(rel: Path) -> None:
+        (dest / rel).mkdir(parents=True, exist_ok=True)
+        for entry in sorted((src / rel).iterdir()):
+            sub = rel / entry.name
+            if sub in real:
+                shutil.copyfile(entry, dest / sub)
+            elif sub in keep:
+                fill(sub)
+            else:
+                (dest / sub).symlink_to(entry, target_is_directory=entry.is_dir())
+
+    fill(Path("vllm"))
+    return dest
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """The bytes of every regular file below ``root`` (links not followed,
+    the records folder left out)."""
+    out: dict[str, bytes] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != atomic.STATE_DIR]
+        for name in filenames:
+            path = Path(dirpath, name)
+            if not path.is_symlink():
+                out[path.relative_to(root).as_posix()] = path.read_bytes()
+    return dict(sorted(out.items()))
+
+
+@dataclass
+class CaseResult:
+    version: str
+    variant: str
+    strategy: str
+    expected: Expect
+    got: str = ""  # "patched" | "fixed" | "refused" | what happened instead
+    scan_status: str = ""
+    reason: str = ""  # the refusal line, or the site's reason
+    verified: bool | None = None  # None: not verified in this run
+    verify_note: str = ""
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def wrong(self) -> bool:
+        return bool(self.problems)
+
+    @property
+    def id(self) -> str:
+        return f"{self.version}-{self.variant}-{self.strategy}"
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    from gdn_backport.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def _site(doc: dict[str, object], rel: str, cls: str) -> dict[str, object] | None:
+    sites = doc.get("sites")
+    assert isinstance(sites, list)
+    for s in sites:
+        if s["path"] == rel and s["function"] == f"{cls}._forward_core":
+            return cast(dict[str, object], s)
+    return None
+
+
+def run_case(
+    base: Path,
+    lay: Layout,
+    var: Variant,
+    strategy: str,
+    work: Path,
+    verify: Sequence[str] | None = None,
+    source: str | None = None,
+) -> CaseResult:
+    """Drive one variant through scan, apply (and verify, revert) on a copy.
+
+    ``base``: a :func:`slim_tree` of ``lay``'s release (left untouched);
+    ``work``: an empty scratch directory; ``verify``: scenario names to run
+    on a patched result (None: do not verify); ``source``: the variant's
+    text if the caller has it.
+    """
+    t0 = time.perf_counter()
+    expect = var.expect(strategy)
+    res = CaseResult(lay.version, var.name, strategy, expect)
+    problems = res.problems
+    tree = work / res.id
+    shutil.copytree(base, tree, symlinks=True)
+    target = tree / lay.path
+    if source is None:
+        source = variant_source(target.read_text(encoding="utf-8"), lay, var)
+    target.write_text(source, encoding="utf-8")
+    before = snapshot(tree)
+
+    code, out, err = _cli("scan", str(tree), "--json")
+    site = _site(json.loads(out), lay.path, lay.cls) if code in (0, 1, 2) and out else None
+    res.scan_status = str(site["status"]) if site else "no site"
+    if site:
+        res.reason = str(site["reason"])
+    want_scan = {"patched": {"affected"}, "fixed": {"fixed"}, "refused": {"affected", "unknown"}}
+    if res.scan_status not in want_scan[expect.outcome]:
+        problems.append(f"scan: {res.scan_status} ({res.reason or err.strip()})")
+
+    code, out, err = _cli("apply", str(tree), "--json", "--strategy", strategy)
+    after = snapshot(tree)
+    if code == 2:
+        res.got = "refused"
+        lines = err.strip().splitlines()
+        res.reason = err.strip()
+        if after != before:
+            problems.append("refused, but the tree changed")
+        if len(lines) != 1 or str(target) not in lines[0]:
+            problems.append(f"refusal is not one line naming the file: {err.strip()!r}")
+        if expect.outcome == "refused" and expect.reason not in err:
+            problems.append(f"refusal without the reason {expect.reason!r}: {err.strip()}")
+    elif code == 0 and after == before:
+        res.got = "fixed" if res.scan_status == "fixed" else f"unchanged ({res.scan_status})"
+        if res.got == "fixed" and verify is not None:
+            # "fixed" is a claim about the code: the variant itself must pass.
+            _verify(res, tree, verify, "WRONG VERDICT: fixed, but verify failed")
+    elif code == 0:
+        res.got = "patched"
+        changed = set(after) ^ set(before) | {k for k in after if after.get(k) != before.get(k)}
+        if changed != {lay.path}:
+            problems.append(f"apply changed other files: {sorted(changed - {lay.path})}")
+        site = _site(json.loads(out), lay.path, lay.cls)
+        if not site or (site["status"], site["changed"]) != ("fixed", True):
+            problems.append(f"apply reports {site}")
+        _after_patch(res, tree, strategy, before, after, verify)
+    else:
+        res.got = f"exit {code}"
+        problems.append(f"apply exit {code}: {err.strip()}")
+    if res.got != expect.outcome:
+        problems.append(f"expected {expect}, got {res.got}")
+    shutil.rmtree(tree)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _after_patch(
+    res: CaseResult,
+    tree: Path,
+    strategy: str,
+    before: dict[str, bytes],
+    after: dict[str, bytes],
+    verify: Sequence[str] | None,
+) -> None:
+    """The patched variant: checked clean, idempotent, verified, reverted."""
+    problems = res.problems
+    code, _, err = _cli("apply", "--check", str(tree), "--strategy", strategy)
+    if code != 0:
+        problems.append(f"apply --check after apply: exit {code} {err.strip()}")
+    code, _, err = _cli("apply", str(tree), "--strategy", strategy)
+    if code != 0 or snapshot(tree) != after:
+        problems.append(f"second apply not a no-op: exit {code} {err.strip()}")
+    if verify is not None:
+        _verify(res, tree, verify, "WRONG PATCH: verify failed")
+    code, _, err = _cli("revert", str(tree))
+    if code != 0 or snapshot(tree) != before:
+        problems.append(f"revert did not restore the bytes: exit {code} {err.strip()}")
+
+
+def _report(tree: Path, scenarios: Sequence[str]) -> tuple[bool | None, str]:
+    """Verify ``tree`` on CPU: (passed, one-line notes); None when the
+    harness itself broke (not a verdict on the tree)."""
+    from gdn_backport.verify import verify_tree
+
+    try:
+        report = verify_tree(tree, device="cpu", scenarios=list(scenarios))
+    except Exception as exc:
+        return None, f"verify raised {type(exc).__name__}: {exc}"
+    note = report.error or "; ".join(
+        f"{r.name} {'ok' if r.passed else 'FAIL'} {r.max_abs_err:.2g}"
+        + ("" if r.passed else f" ({r.note})")
+        for r in report.rows
+    )
+    return report.passed, note
+
+
+def _verify(res: CaseResult, tree: Path, scenarios: Sequence[str], wrong: str) -> None:
+    passed, res.verify_note = _report(tree, variant(res.variant).scenarios(scenarios))
+    res.verified = passed
+    if passed is None:
+        res.problems.append(f"could not verify: {res.verify_note}")
+    elif not passed:
+        res.problems.append(f"{wrong}: {res.verify_note}")
+
+
+def unpatched_fails(
+    base: Path, lay: Layout, var: Variant, work: Path, scenarios: Sequence[str] = ("pr_layout",)
+) -> tuple[bool, str]:
+    """The mutation check of one variant: unpatched, the mixed scenarios must
+    fail, or the variant does not carry the bug and proves nothing.
+    Returns (they all failed, the report's notes)."""
+    tree = work / f"{lay.version}-{var.name}-unpatched"
+    shutil.copytree(base, tree, symlinks=True)
+    target = tree / lay.path
+    target.write_text(variant_source(target.read_text(encoding="utf-8"), lay, var), "utf-8")
+    from gdn_backport.verify import verify_tree
+
+    try:
+        report = verify_tree(tree, device="cpu", scenarios=list(scenarios))
+    except Exception as exc:
+        return False, f"verify raised {type(exc).__name__}: {exc}"
+    finally:
+        shutil.rmtree(tree)
+    notes = report.error or ", ".join(
+        f"{r.name} {'ok' if r.passed else 'FAIL'} {r.max_abs_err:.2g}" for r in report.rows
+    )
+    return not report.error and bool(report.rows) and not any(r.passed for r in report.rows), notes
+
+
+# --- the report ------------------------------------------------------------------
+
+COLUMNS = ("variants", "patched-and-verified", "patched (unverified)", "already fixed", "refused")
+
+
+def _counts(results: Iterable[CaseResult]) -> list[int]:
+    rs = list(results)
+    ok = [r for r in rs if not r.wrong]
+    return [
+        len(rs),
+        sum(r.got == "patched" and r.verified is True for r in ok),
+        sum(r.got == "patched" and r.verified is None for r in ok),
+        sum(r.got == "fixed" for r in ok),
+        sum(r.got == "refused" for r in ok),
+        sum(r.wrong for r in rs),
+    ]
+
+
+def counts_table(results: Sequence[CaseResult]) -> str:
+    """Counts per strategy and in total: variants / patched-and-verified /
+    patched, not verified in this run / already fixed / refused / wrong."""
+    rows: list[list[object]] = []
+    for strategy in STRATEGIES:
+        part = [r for r in results if r.strategy == strategy]
+        if part:
+            rows.append([strategy, *_counts(part)])
+    rows.append(["total", *_counts(results)])
+    return table(["strategy", *COLUMNS, "wrong"], rows)
+
+
+def render(results: Sequence[CaseResult]) -> str:
+    """One line per case, then the counts."""
+    rows = [
+        (
+            r.version,
+            r.variant,
+            r.strategy,
+            str(r.expected),
+            r.got,
+            {True: "yes", False: "NO", None: "-"}[r.verified],
+            f"{r.seconds:.1f}",
+            "; ".join(r.problems) or "",
+        )
+        for r in results
+    ]
+    head = ["release", "variant", "strategy", "expected", "got", "verified", "s", "problems"]
+    return table(head, rows) + "\n\n" + counts_table(results)
