@@ -82,6 +82,40 @@ def dotted(node: cst.BaseExpression) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class IndexSelect:
+    """The arguments of ``x.index_select(dim, index)`` / ``torch.index_select(x, dim, index)``."""
+
+    base: cst.BaseExpression | None
+    dim: cst.BaseExpression | None
+    index: cst.BaseExpression | None
+    torch_form: bool  # called as torch.index_select(x, ...)
+
+
+def index_select_parts(
+    call: cst.Call, torch_names: Sequence[str] = ("torch",)
+) -> IndexSelect | None:
+    """How an ``index_select`` call binds its arguments, None for other calls."""
+    func = call.func
+    if not (isinstance(func, cst.Attribute) and func.attr.value == "index_select"):
+        return None
+    pos = [a.value for a in call.args if a.keyword is None and not a.star]
+    kw = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    if dotted(func.value) in torch_names:
+        return IndexSelect(
+            pos[0] if pos else kw.get("input"),
+            pos[1] if len(pos) > 1 else kw.get("dim"),
+            pos[2] if len(pos) > 2 else kw.get("index"),
+            True,
+        )
+    return IndexSelect(
+        func.value,
+        pos[0] if pos else kw.get("dim"),
+        pos[1] if len(pos) > 1 else kw.get("index"),
+        False,
+    )
+
+
 @dataclass
 class Def:
     """One assignment of a local name."""
@@ -203,18 +237,8 @@ class FlowWalker:
     def _index_select_args(
         self, call: cst.Call
     ) -> tuple[cst.BaseExpression | None, cst.BaseExpression | None]:
-        func = call.func
-        pos = [a.value for a in call.args if a.keyword is None and not a.star]
-        kw = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-        if isinstance(func, cst.Attribute) and func.attr.value == "index_select":
-            owner = dotted(func.value)
-            if owner in ("torch", *self._torch_aliases()):
-                base = pos[0] if pos else kw.get("input")
-                index = pos[2] if len(pos) > 2 else kw.get("index")
-                return base, index
-            index = pos[1] if len(pos) > 1 else kw.get("index")
-            return func.value, index
-        return None, None
+        parts = index_select_parts(call, ("torch", *self._torch_aliases()))
+        return (parts.base, parts.index) if parts else (None, None)
 
     def _torch_aliases(self) -> list[str]:
         return [k for k, v in self.imports.items() if v == "torch"]

@@ -8,27 +8,8 @@ import libcst as cst
 
 from gdn_backport.analysis import SpecCall, gate_aligned
 from gdn_backport.codemods.base import Edit, Plan, Planner, Refusal, SiteCodemod, live
+from gdn_backport.dataflow import index_select_parts
 from gdn_backport.provenance import Prov, Val
-
-
-def _dim0(call: cst.Call, torch_form: bool) -> bool:
-    pos = [a for a in call.args if a.keyword is None]
-    kw = {a.keyword.value: a for a in call.args if a.keyword is not None}
-    dim = (
-        (pos[1] if len(pos) > 1 else kw.get("dim"))
-        if torch_form
-        else (pos[0] if pos else kw.get("dim"))
-    )
-    return dim is not None and isinstance(dim.value, cst.Integer) and dim.value.value == "0"
-
-
-def _is_torch_call(call: cst.Call) -> bool:
-    func = call.func
-    return (
-        isinstance(func, cst.Attribute)
-        and isinstance(func.value, cst.Name)
-        and func.value.value == "torch"
-    )
 
 
 def mirror(gather: cst.BaseExpression, base: str) -> cst.BaseExpression:
@@ -38,10 +19,11 @@ def mirror(gather: cst.BaseExpression, base: str) -> cst.BaseExpression:
             raise Refusal("the spec rows are gathered along a dimension other than 0")
         return gather.with_changes(value=cst.Name(base))
     assert isinstance(gather, cst.Call)
-    torch_form = _is_torch_call(gather)
-    if not _dim0(gather, torch_form):
+    parts = index_select_parts(gather)
+    assert parts is not None
+    if not (isinstance(parts.dim, cst.Integer) and parts.dim.value == "0"):
         raise Refusal("the spec rows are gathered along a dimension other than 0")
-    if torch_form:
+    if parts.torch_form:
         first, *rest = gather.args
         return gather.with_changes(args=[first.with_changes(value=cst.Name(base)), *rest])
     func = gather.func

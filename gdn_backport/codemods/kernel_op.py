@@ -21,6 +21,7 @@ from gdn_backport.codemods.gather_gates import (
     check_gate,
     gate_name,
 )
+from gdn_backport.dataflow import index_select_parts
 from gdn_backport.provenance import Prov
 
 MODULE = "gdn_backport_kernels"
@@ -32,22 +33,9 @@ UNSUPPORTED_ARGS = ("is_kda",)
 
 def _index_of(gather: cst.BaseExpression) -> cst.BaseExpression:
     """The index expression of an ``index_select`` gather (masks refused)."""
-    if isinstance(gather, cst.Call):
-        func = gather.func
-        pos = [a.value for a in gather.args if a.keyword is None]
-        kw = {a.keyword.value: a.value for a in gather.args if a.keyword is not None}
-        torch_form = (
-            isinstance(func, cst.Attribute)
-            and isinstance(func.value, cst.Name)
-            and func.value.value == "torch"
-        )
-        index = (
-            (pos[2] if len(pos) > 2 else kw.get("index"))
-            if torch_form
-            else (pos[1] if len(pos) > 1 else kw.get("index"))
-        )
-        if index is not None:
-            return index
+    parts = index_select_parts(gather) if isinstance(gather, cst.Call) else None
+    if parts is not None and parts.index is not None:
+        return parts.index
     raise Refusal(
         "the spec rows are selected by subscript (maybe a boolean mask); the op takes "
         "token indices: use --strategy gather"
