@@ -112,6 +112,7 @@ def gated_delta_rule_spec_update_fwd_kernel(  # type: ignore[no-untyped-def]
     HAS_TOKEN_INDEX: tl.constexpr,
     IS_SPEC_DECODING: tl.constexpr,
     PRELOAD_QKV: tl.constexpr,
+    STREAM_STORES: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -240,7 +241,12 @@ def gated_delta_rule_spec_update_fwd_kernel(  # type: ignore[no-untyped-def]
             if b_live & (b_slot_t > null_slot_id):
                 p_ht = h + b_slot_t * stride_h_n + i_hv * V * K
                 p_ht = p_ht + o_v[:, None] * K + o_k[None, :]
-                tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=m_h)
+                if STREAM_STORES:
+                    # Per-token states are read back at the earliest in the
+                    # next step: keep them from evicting this step's inputs.
+                    tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=m_h, cache_modifier=".cs")
+                else:
+                    tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=m_h)
             i_j += 1
         i_s += BT
 
@@ -374,7 +380,8 @@ def gated_delta_rule_spec_update_fwd(
     out: torch.Tensor | None = None,
     block_v: int | None = None,
     num_warps: int | None = None,
-    preload_qkv: bool = True,
+    preload_qkv: bool | None = None,
+    stream_stores: bool = False,
 ) -> torch.Tensor:
     """Launch the kernel on op-level (flattened) arguments; returns ``out``.
 
@@ -421,6 +428,8 @@ def gated_delta_rule_spec_update_fwd(
     BV = block_v or _pick_block_v(N * HV, V, BK, q.device)
     num_idx_cols = ssm_state_indices.shape[1]
     BT = min(triton.next_power_of_2(max(num_idx_cols, 2)), MAX_BT)
+    if preload_qkv is None:
+        preload_qkv = False
     if num_warps is None:
         # 32 fp32 state elements per thread (see _pick_block_v).
         num_warps = max(1, min(8, BV * BK // 1024))
@@ -472,6 +481,7 @@ def gated_delta_rule_spec_update_fwd(
         HAS_TOKEN_INDEX=spec_token_indx is not None,
         IS_SPEC_DECODING=num_accepted_tokens is not None,
         PRELOAD_QKV=preload_qkv,
+        STREAM_STORES=stream_stores,
         num_warps=num_warps,
     )
     return out
