@@ -9,9 +9,10 @@ configuration is cross-checked against vLLM's output and states first.
 
     python bench/sweep_spec_update.py --vllm-tree /path/vllm-0.27.1 [--json out.json]
 
-Configurations: ``--config preload,BV,warps,stream`` (repeatable), e.g.
-``--config 0,8,1,0`` = per-token loads, BV=8, one warp, plain stores; ``auto``
-is the launcher's own choice.
+Configurations: ``--config preload,BV,warps,stream[,for]`` (repeatable), e.g.
+``--config 0,8,1,0,1`` = per-token loads, BV=8, one warp, plain stores, a
+counted token loop (0: the `while` loop the interpreter needs); ``auto`` is
+the launcher's own choice.
 """
 
 from __future__ import annotations
@@ -36,19 +37,28 @@ from bench_spec_update import (
     time_graph,
 )
 
-DEFAULT_CONFIGS = ["auto", "1,32,4,0", "0,32,4,0", "0,16,2,0", "0,16,1,0", "0,8,1,0", "0,8,1,1"]
+DEFAULT_CONFIGS = [
+    "auto",
+    "1,32,4,0,0",  # the previous default: q/k/v tiles, `while` token loop
+    "0,32,4,0,0",
+    "0,32,4,0,1",  # vLLM's launch shape: BV=32, 4 warps, counted loop
+    "0,32,4,1,1",
+    "0,16,2,0,1",
+    "0,8,1,0,1",
+]
 DEFAULT_CASES = ["8,3,32", "8,3,64", "64,3,64", "64,7,32", "256,1,64", "256,3,64", "256,7,64"]
 
 
 def parse_config(text: str) -> dict[str, Any]:
     if text == "auto":
         return {}
-    preload, bv, warps, stream = (int(x) for x in text.split(","))
+    preload, bv, warps, stream, *loop = (int(x) for x in text.split(","))
     return {
         "preload_qkv": bool(preload),
         "block_v": bv,
         "num_warps": warps,
         "stream_stores": bool(stream),
+        "for_loop": bool(loop[0]) if loop else None,
     }
 
 

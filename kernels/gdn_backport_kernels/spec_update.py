@@ -66,6 +66,60 @@ MAX_HEAD_K = 256
 MAX_BT = 8
 
 
+@triton.jit  # type: ignore[untyped-decorator]
+def _token_step(  # type: ignore[no-untyped-def]
+    b_h, i_j, i_t, o_t, o_k, o_v, m_k, m_v, m_h,
+    b_decay, b_beta, b_slots, b_qs, b_ks, b_vs, b_live, i_h, i_hv,
+    q, k, v, o, h, scale, null_slot_id,
+    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
+    stride_o_t, stride_o_h, stride_h_n,
+    V: tl.constexpr, K: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+    PRELOAD_QKV: tl.constexpr, STREAM_STORES: tl.constexpr,
+):  # fmt: skip
+    """One token of one request: update the [BV, BK] state tile, store o and h."""
+    # Pick token i_j out of the tiles (a BT-wide select, no memory).
+    m_j = o_t == i_j
+    b_decay_t = tl.sum(tl.where(m_j, b_decay, 0.0))
+    b_beta_t = tl.sum(tl.where(m_j, b_beta, 0.0))
+    b_slot_t = tl.sum(tl.where(m_j, b_slots, 0))
+    if PRELOAD_QKV:
+        b_q = tl.sum(tl.where(m_j[:, None], b_qs, 0.0), 0)
+        b_k = tl.sum(tl.where(m_j[:, None], b_ks, 0.0), 0)
+        b_v = tl.sum(tl.where(m_j[:, None], b_vs, 0.0), 0)
+    else:
+        p_q = q + i_t * stride_q_t + i_h * stride_q_h + o_k
+        p_k = k + i_t * stride_k_t + i_h * stride_k_h + o_k
+        p_v = v + i_t * stride_v_t + i_hv * stride_v_h + o_v
+        b_q = tl.load(p_q, mask=m_k, other=0).to(tl.float32)
+        b_k = tl.load(p_k, mask=m_k, other=0).to(tl.float32)
+        b_v = tl.load(p_v, mask=m_v, other=0).to(tl.float32)
+        if USE_QK_L2NORM:
+            b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + 1e-6)
+            b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + 1e-6)
+        b_q = b_q * scale
+
+    b_h *= b_decay_t
+    b_v = (b_v - tl.sum(b_h * b_k[None, :], 1)) * b_beta_t
+    b_h += b_v[:, None] * b_k[None, :]
+    b_o = tl.sum(b_h * b_q[None, :], 1)
+    b_o = tl.where(b_live, b_o, 0.0)
+
+    p_o = o + i_t * stride_o_t + i_hv * stride_o_h + o_v
+    tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=m_v)
+    # Every token's state goes to its own slot (int64 offsets: pools exceed
+    # 2**31 elements), so a later step can resume from any accepted token.
+    if b_live & (b_slot_t > null_slot_id):
+        p_ht = h + b_slot_t * stride_h_n + i_hv * V * K
+        p_ht = p_ht + o_v[:, None] * K + o_k[None, :]
+        if STREAM_STORES:
+            # Per-token states are read back at the earliest in the next
+            # step: keep them from evicting this step's inputs from L2.
+            tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=m_h, cache_modifier=".cs")
+        else:
+            tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=m_h)
+    return b_h
+
+
 @triton.jit(do_not_specialize=["null_slot_id", "num_idx_cols"])  # type: ignore[untyped-decorator]
 def gated_delta_rule_spec_update_fwd_kernel(  # type: ignore[no-untyped-def]
     A_log,
@@ -113,6 +167,7 @@ def gated_delta_rule_spec_update_fwd_kernel(  # type: ignore[no-untyped-def]
     IS_SPEC_DECODING: tl.constexpr,
     PRELOAD_QKV: tl.constexpr,
     STREAM_STORES: tl.constexpr,
+    FOR_LOOP: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -187,6 +242,8 @@ def gated_delta_rule_spec_update_fwd_kernel(  # type: ignore[no-untyped-def]
             mask=m_t & (o_ts < num_idx_cols),
             other=null_slot_id,
         ).to(tl.int64)
+        # Placeholders when q/k/v are loaded per token (never read then).
+        b_qs, b_ks, b_vs = b_decay, b_decay, b_decay
         if PRELOAD_QKV:
             o_tok = bos + o_ts
             m_tk = m_t[:, None] & m_k[None, :]
@@ -203,51 +260,30 @@ def gated_delta_rule_spec_update_fwd_kernel(  # type: ignore[no-untyped-def]
             b_qs = b_qs * scale
 
         n_j = tl.minimum(T - i_s, BT)
-        i_j = tl.zeros([], dtype=tl.int64)
-        while i_j < n_j:
-            i_t = bos + i_s + i_j
-            # Pick token i_j out of the tiles (a BT-wide select, no memory).
-            m_j = o_t == i_j
-            b_decay_t = tl.sum(tl.where(m_j, b_decay, 0.0))
-            b_beta_t = tl.sum(tl.where(m_j, b_beta, 0.0))
-            b_slot_t = tl.sum(tl.where(m_j, b_slots, 0))
-            if PRELOAD_QKV:
-                b_q = tl.sum(tl.where(m_j[:, None], b_qs, 0.0), 0)
-                b_k = tl.sum(tl.where(m_j[:, None], b_ks, 0.0), 0)
-                b_v = tl.sum(tl.where(m_j[:, None], b_vs, 0.0), 0)
-            else:
-                p_q = q + i_t * stride_q_t + i_h * stride_q_h + o_k
-                p_k = k + i_t * stride_k_t + i_h * stride_k_h + o_k
-                p_v = v + i_t * stride_v_t + i_hv * stride_v_h + o_v
-                b_q = tl.load(p_q, mask=m_k, other=0).to(tl.float32)
-                b_k = tl.load(p_k, mask=m_k, other=0).to(tl.float32)
-                b_v = tl.load(p_v, mask=m_v, other=0).to(tl.float32)
-                if USE_QK_L2NORM:
-                    b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + 1e-6)
-                    b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + 1e-6)
-                b_q = b_q * scale
-
-            b_h *= b_decay_t
-            b_v = (b_v - tl.sum(b_h * b_k[None, :], 1)) * b_beta_t
-            b_h += b_v[:, None] * b_k[None, :]
-            b_o = tl.sum(b_h * b_q[None, :], 1)
-            b_o = tl.where(b_live, b_o, 0.0)
-
-            p_o = o + i_t * stride_o_t + i_hv * stride_o_h + o_v
-            tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=m_v)
-            # Every token's state goes to its own slot (int64 offsets: pools
-            # exceed 2**31 elements), so a later step can resume from any
-            # accepted token.
-            if b_live & (b_slot_t > null_slot_id):
-                p_ht = h + b_slot_t * stride_h_n + i_hv * V * K
-                p_ht = p_ht + o_v[:, None] * K + o_k[None, :]
-                if STREAM_STORES:
-                    # Per-token states are read back at the earliest in the
-                    # next step: keep them from evicting this step's inputs.
-                    tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=m_h, cache_modifier=".cs")
-                else:
-                    tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=m_h)
-            i_j += 1
+        if FOR_LOOP:
+            # A counted loop lets Triton software-pipeline the per-token
+            # loads (num_stages); the interpreter needs the `while` below.
+            for i_j in range(0, n_j):
+                b_h = _token_step(
+                    b_h, i_j, bos + i_s + i_j, o_t, o_k, o_v, m_k, m_v, m_h,
+                    b_decay, b_beta, b_slots, b_qs, b_ks, b_vs, b_live, i_h, i_hv,
+                    q, k, v, o, h, scale, null_slot_id,
+                    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
+                    stride_o_t, stride_o_h, stride_h_n,
+                    V, K, USE_QK_L2NORM, PRELOAD_QKV, STREAM_STORES,
+                )  # fmt: skip
+        else:
+            i_j = tl.zeros([], dtype=tl.int64)
+            while i_j < n_j:
+                b_h = _token_step(
+                    b_h, i_j, bos + i_s + i_j, o_t, o_k, o_v, m_k, m_v, m_h,
+                    b_decay, b_beta, b_slots, b_qs, b_ks, b_vs, b_live, i_h, i_hv,
+                    q, k, v, o, h, scale, null_slot_id,
+                    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
+                    stride_o_t, stride_o_h, stride_h_n,
+                    V, K, USE_QK_L2NORM, PRELOAD_QKV, STREAM_STORES,
+                )  # fmt: skip
+                i_j += 1
         i_s += BT
 
 
@@ -382,6 +418,7 @@ def gated_delta_rule_spec_update_fwd(
     num_warps: int | None = None,
     preload_qkv: bool | None = None,
     stream_stores: bool = False,
+    for_loop: bool | None = None,
 ) -> torch.Tensor:
     """Launch the kernel on op-level (flattened) arguments; returns ``out``.
 
@@ -482,6 +519,7 @@ def gated_delta_rule_spec_update_fwd(
         IS_SPEC_DECODING=num_accepted_tokens is not None,
         PRELOAD_QKV=preload_qkv,
         STREAM_STORES=stream_stores,
+        FOR_LOOP=(not _interpreting()) if for_loop is None else for_loop,
         num_warps=num_warps,
     )
     return out
