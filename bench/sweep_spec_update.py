@@ -38,15 +38,18 @@ from bench_spec_update import (
 )
 
 DEFAULT_CONFIGS = [
+    "0,4,1,0,1",
+    "0,8,2,0,1",
+    "0,16,1,0,1",
     "auto",
-    "1,32,4,0,0",  # the previous default: q/k/v tiles, `while` token loop
-    "0,32,4,0,0",
+    "1,32,4,0,0",  # the first default: q/k/v tiles, `while` token loop
     "0,32,4,0,1",  # vLLM's launch shape: BV=32, 4 warps, counted loop
-    "0,32,4,1,1",
-    "0,16,2,0,1",
-    "0,8,1,0,1",
+    "0,8,1,1,1",  # streaming state stores
 ]
-DEFAULT_CASES = ["8,3,32", "8,3,64", "64,3,64", "64,7,32", "256,1,64", "256,3,64", "256,7,64"]
+DEFAULT_CASES = [
+    "1,3,32", "8,3,16", "8,3,32", "8,3,64", "64,3,64", "64,7,32", "256,1,64", "256,3,64",
+    "256,7,64",
+]  # fmt: skip
 
 
 def parse_config(text: str) -> dict[str, Any]:

@@ -45,7 +45,6 @@ written token.
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any
 
@@ -291,25 +290,19 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+def _pick_block_v(V: int, BK: int, device: torch.device) -> int:
+    """V block: one warp per program, about 32 fp32 state elements per thread.
 
-
-def _pick_block_v(num_programs_per_block: int, V: int, BK: int, device: torch.device) -> int:
-    """V block: at most 4096 state elements per program, fewer for small batches.
-
-    [BV, BK] tiles of 4096 fp32 with BV*BK/1024 warps compile to ~128
-    registers on sm_90 (wider tiles jump to 190-250). Small batches are
-    latency-bound on the serial token chain, so they are split finer along V
-    until every SM has a couple of programs.
+    Measured on an H200 (bench/sweep_spec_update.py, HV=32-64, K=V=128):
+    [8, 128] tiles on one warp reach 87-91 % of the copy-bandwidth roofline at
+    N >= 64 against 70-74 % for [32, 128] tiles on four warps (vLLM's launch
+    shape), and are fastest at N=8 too: more, smaller programs hide the serial
+    token chain's latency, and the K reductions stay inside one warp.
     """
-    # The interpreter runs programs one by one: on CPU, fewest programs win.
-    num_sms = _num_sms(device.index or 0) if device.type == "cuda" else 1
-    block_v: int = max(16, min(triton.next_power_of_2(V), 4096 // BK))
-    while block_v > 16 and num_programs_per_block * -(-V // block_v) < 2 * num_sms:
-        block_v //= 2
-    return block_v
+    if device.type != "cuda":
+        # The interpreter runs programs one by one: on CPU, fewest programs win.
+        return max(16, min(int(triton.next_power_of_2(V)), 4096 // BK))
+    return max(4, min(int(triton.next_power_of_2(V)), 1024 // BK))
 
 
 def _unsupported_reason(
@@ -462,13 +455,13 @@ def gated_delta_rule_spec_update_fwd(
         scale = K**-0.5
 
     BK = triton.next_power_of_2(K)
-    BV = block_v or _pick_block_v(N * HV, V, BK, q.device)
+    BV = block_v or _pick_block_v(V, BK, q.device)
     num_idx_cols = ssm_state_indices.shape[1]
     BT = min(triton.next_power_of_2(max(num_idx_cols, 2)), MAX_BT)
     if preload_qkv is None:
         preload_qkv = False
     if num_warps is None:
-        # 32 fp32 state elements per thread (see _pick_block_v).
+        # About 32 fp32 state elements per thread (see _pick_block_v).
         num_warps = max(1, min(8, BV * BK // 1024))
 
     grid = (triton.cdiv(V, BV), N * HV)
