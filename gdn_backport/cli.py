@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gdn_backport import __version__, sources
+from gdn_backport import __version__, installed, sources, vllm_version
 from gdn_backport.engine import Mode, Outcome, apply_tree, revert_tree
 from gdn_backport.errors import UsageError
 from gdn_backport.report import table
@@ -34,6 +34,9 @@ def _target(p: argparse.ArgumentParser, write: bool = False) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("path", nargs="?", type=Path, help="vLLM checkout, unpacked sdist or one file")
     g.add_argument("--release", metavar="X.Y.Z", help="fetch this vLLM release from PyPI first")
+    g.add_argument("--installed", action="store_true",
+                   help="the vllm this Python imports (site-packages), found without "
+                   "importing it")  # fmt: skip
     if write:
         p.add_argument(
             "--workdir",
@@ -57,7 +60,27 @@ def build_parser() -> argparse.ArgumentParser:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 while an affected site remains")
     mode.add_argument("--dry-run", action="store_true", help="print the diff, change nothing")
+    mode.add_argument(
+        "--commit",
+        action="store_true",
+        help="git work tree: commit the fix on a new branch (checked out)",
+    )
     p.add_argument("--strategy", default="gather", help="gather (default) or kernel")
+    p.add_argument(
+        "--branch", metavar="NAME", help="with --commit: the branch (default gdn-backport/pr51812)"
+    )
+    p.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="with --commit: other uncommitted changes are allowed (and never committed)",
+    )
+    p.add_argument(
+        "--format-patch",
+        type=Path,
+        metavar="FILE",
+        help="write the fix as a `git am` patch; without --commit the tree and branches "
+        "are left unchanged",
+    )
 
     p = sub.add_parser("revert", help="restore the original bytes of patched files")
     _target(p, write=True)
@@ -92,6 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
         "idempotent, byte-identical after revert",
     )
     _matrix_cells(p)
+
+    p = sub.add_parser(
+        "doctor", help="which GDN code this Python's vLLM runs, and whether it is fixed"
+    )
+    p.add_argument("--no-plugins", action="store_true",
+                   help="do not load vLLM's general plugins first")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print one JSON document")
     return parser
 
 
@@ -116,6 +146,8 @@ def _matrix_cells(p: argparse.ArgumentParser) -> None:
 def _resolve(args: argparse.Namespace, write: bool) -> Path:
     if args.path is not None:
         return Path(args.path)
+    if args.installed:
+        return installed.locate_vllm().root
     tree = sources.release_tree(args.release)
     if not write:
         return tree
@@ -128,6 +160,7 @@ def _resolve(args: argparse.Namespace, write: bool) -> Path:
 
 def _print_sites(root: Path, sites: Sequence[Site]) -> None:
     print(f"tree: {root}")
+    print(vllm_version.line(vllm_version.detect(root)))
     if not sites:
         print("no GDN spec path found")
         return
@@ -136,20 +169,36 @@ def _print_sites(root: Path, sites: Sequence[Site]) -> None:
 
 
 def _cmd_scan(args: argparse.Namespace) -> int:
-    root, sites = scan_tree(_resolve(args, write=False))
+    if args.installed:
+        root, sites = installed.scan(installed.locate_vllm())
+    else:
+        root, sites = scan_tree(_resolve(args, write=False))
     if args.json:
-        print(json.dumps({"tree": str(root), "sites": [s.to_json() for s in sites]}, indent=2))
+        version = vllm_version.to_json(vllm_version.detect(root))
+        doc = {"tree": str(root), "sites": [s.to_json() for s in sites], "vllm_version": version}
+        print(json.dumps(doc, indent=2))
     else:
         _print_sites(root, sites)
     bad = {s.status.value for s in sites}
     return 2 if "unknown" in bad else 1 if "affected" in bad else 0
 
 
-def _print_outcome(out: Outcome, as_json: bool) -> int:
+def _print_outcome(
+    out: Outcome,
+    as_json: bool,
+    extra: dict[str, object] | None = None,
+    notes: Sequence[str] = (),
+    version: vllm_version.VllmVersion | None = None,
+) -> int:
+    """``extra``: more JSON fields; ``notes``: more human lines after the
+    message; ``version``: the tree's vLLM version, if known before the run."""
+    version = version or vllm_version.detect(out.tree)
     if as_json:
-        print(json.dumps(out.to_json(), indent=2))
+        doc = {**out.to_json(), "vllm_version": vllm_version.to_json(version), **(extra or {})}
+        print(json.dumps(doc, indent=2))
     else:
         print(f"tree: {out.tree}")
+        print(vllm_version.line(version))
         rows = [
             (f"{c.site.path}:{c.site.line}", c.site.function, c.site.status.value,
              c.rewritten.status.value, "yes" if c.changed else "no")
@@ -160,6 +209,8 @@ def _print_outcome(out: Outcome, as_json: bool) -> int:
         if out.diff:
             print(out.diff, end="" if out.diff.endswith("\n") else "\n")
         print(out.message)
+        for note in notes:
+            print(note)
     for path, reason in out.refused:
         print(f"gdn-backport: {out.tree / path}: {reason}", file=sys.stderr)
     return out.exit_code
@@ -167,16 +218,61 @@ def _print_outcome(out: Outcome, as_json: bool) -> int:
 
 def _cmd_apply(args: argparse.Namespace) -> int:
     mode = Mode.CHECK if args.check else Mode.DRY_RUN if args.dry_run else Mode.WRITE
-    out = apply_tree(_resolve(args, write=mode is Mode.WRITE), args.strategy, mode)
-    code = _print_outcome(out, args.json)
+    if args.commit or args.format_patch:
+        return _apply_git(args, mode)
+    if args.branch or args.allow_dirty:
+        raise UsageError("apply: --branch and --allow-dirty go with --commit")
+    if args.installed:
+        out, caches = installed.apply(installed.locate_vllm(), args.strategy, mode)
+        code = _print_outcome(out, args.json)
+        _warn(installed.caches_warning(out.tree, caches))
+    else:
+        out = apply_tree(_resolve(args, write=mode is Mode.WRITE), args.strategy, mode)
+        code = _print_outcome(out, args.json)
     # --dry-run previews: affected sites remaining is expected, not a failure.
     return 0 if mode is Mode.DRY_RUN and code == 1 else code
 
 
+def _apply_git(args: argparse.Namespace, mode: Mode) -> int:
+    from gdn_backport import gitflow
+
+    if mode is not Mode.WRITE:
+        other = "--check" if args.check else "--dry-run"
+        raise UsageError(f"apply: --commit/--format-patch and {other} exclude each other")
+    if args.path is None:
+        raise UsageError("apply: --commit/--format-patch take a PATH in a git work tree")
+    if args.branch and not args.commit:
+        raise UsageError("apply: --branch goes with --commit")
+    result = gitflow.apply_git(
+        args.path,
+        args.strategy,
+        commit=args.commit,
+        branch=args.branch,
+        allow_dirty=args.allow_dirty,
+        patch=args.format_patch,
+    )
+    # The version as it was before the commit (after it, git describe says 0.25.1-1-g...).
+    code = _print_outcome(
+        result.outcome, args.json, {"git": result.to_json()}, result.lines(), result.vllm_version
+    )
+    # --format-patch alone leaves the tree as it was: affected, as intended.
+    return 0 if code == 1 and not args.commit else code
+
+
+def _warn(line: str) -> None:
+    if line:
+        print(line, file=sys.stderr)
+
+
 def _cmd_revert(args: argparse.Namespace) -> int:
     mode = Mode.DRY_RUN if args.dry_run else Mode.WRITE
-    out = revert_tree(_resolve(args, write=True), mode)
-    code = _print_outcome(out, args.json)
+    if args.installed:
+        out, caches = installed.revert(installed.locate_vllm(), mode)
+        code = _print_outcome(out, args.json)
+        _warn(installed.caches_warning(out.tree, caches))
+    else:
+        out = revert_tree(_resolve(args, write=True), mode)
+        code = _print_outcome(out, args.json)
     return 2 if code == 2 else 0
 
 
@@ -270,6 +366,16 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from gdn_backport.doctor import diagnose
+
+    report = diagnose(load_plugins=not args.no_plugins)
+    print(report.to_json() if args.json else report.table())
+    if report.error:
+        print(f"gdn-backport: {report.error}", file=sys.stderr)
+    return report.exit_code
+
+
 COMMANDS = {
     "scan": _cmd_scan,
     "apply": _cmd_apply,
@@ -277,6 +383,7 @@ COMMANDS = {
     "verify": _cmd_verify,
     "fetch": _cmd_fetch,
     "matrix": _cmd_matrix,
+    "doctor": _cmd_doctor,
 }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import enum
 import glob
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,12 +118,28 @@ def _rewrite(strategy: str, path: Path, text: str, root: Path) -> str | None:
     return rewritten if isinstance(rewritten, str) else new_tree.code
 
 
-def apply_tree(path: Path, strategy: str = "gather", mode: Mode = Mode.WRITE) -> Outcome:
+# Called with the run so far and every (file, new bytes) once all files are
+# proven and before anything is written (in WRITE and DRY_RUN mode); raising
+# UsageError stops the run with nothing changed. git and --installed check
+# their own preconditions on the exact files here.
+BeforeWrite = Callable[[Outcome, list[tuple[Path, bytes]]], None]
+
+
+def apply_tree(
+    path: Path,
+    strategy: str = "gather",
+    mode: Mode = Mode.WRITE,
+    *,
+    root: Path | None = None,
+    before_write: BeforeWrite | None = None,
+) -> Outcome:
+    """``root``: the tree paths and records are relative to, when ``path``
+    is a folder below it (``--installed``: site-packages for ``vllm/``)."""
     patchset = load()
     if strategy not in patchset.strategies or strategy not in registry.CODEMODS:
         choices = ", ".join(registry.CODEMODS)
         raise UsageError(f"--strategy {strategy}: unknown (choose from {choices})")
-    root = tree_root(path)
+    root = root or tree_root(path)
     out = Outcome(root)
     staged: list[tuple[Path, str, bytes, bytes]] = []  # (file, rel, original, new)
     for file in locate.python_files(path):
@@ -159,6 +176,8 @@ def apply_tree(path: Path, strategy: str = "gather", mode: Mode = Mode.WRITE) ->
         # Keep a UTF-8 byte-order mark (``locate.decode`` strips it to parse).
         bom = locate.BOM if original.startswith(locate.BOM) else b""
         staged.append((file, rel, original, bom + new.encode("utf-8")))
+    if before_write is not None and staged and not out.refused and mode is not Mode.CHECK:
+        before_write(out, [(file, new) for file, _, _, new in staged])
     if out.refused:
         # Fail closed: one file we cannot prove stops every write.
         out.diff = ""
@@ -223,6 +242,13 @@ def _write(
         atomic.check_writable(file)
     with atomic.tree_lock(root):
         records = Records(root)
+        for _, rel, original, _ in staged:
+            # The file was replaced since we patched it (a reinstall, an
+            # upgrade, a checkout): its bytes now are the original to keep,
+            # or revert would put another version's file back.
+            rec = records.entries.get(rel)
+            if rec is not None and sha256(original) != rec.patched_sha256:
+                records.drop(rel)
         before = dict(records.entries)
         # The records go first: a process killed between the renames below
         # leaves each file whole (old or new) and revert able to undo it.
@@ -251,8 +277,8 @@ def _write(
     out.message = f"patched {len(out.written)} file(s); undo with `gdn-backport revert`"
 
 
-def revert_tree(path: Path, mode: Mode = Mode.WRITE) -> Outcome:
-    root = tree_root(path)
+def revert_tree(path: Path, mode: Mode = Mode.WRITE, *, root: Path | None = None) -> Outcome:
+    root = root or tree_root(path)
     out = Outcome(root)
     records = Records(root)
     only = relative(path, root) if path.is_file() else None

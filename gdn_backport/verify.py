@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+import types
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -104,6 +105,7 @@ def verify_tree(
     self_consistency: bool = True,
     seed: int = 0,
     heads: tuple[int, int, int] | None = None,
+    patch: Callable[[types.ModuleType], object] | None = None,
 ) -> VerifyReport:
     """Run the suite on ``tree`` (a root holding ``vllm/``).
 
@@ -111,7 +113,8 @@ def verify_tree(
     all of ``SCENARIOS``). ``heads``: (H, HV, K=V) of the layer, default the
     small CPU shape; e.g. (16, 64, 128) for a Qwen3.5 layer at TP=1. A tree
     the harness cannot load or drive gives a report with ``error`` set (exit
-    code 2), never an exception.
+    code 2), never an exception. ``patch``: called with the loaded GDN module
+    before the scenarios run (the runtime plugin's in-memory patch).
     """
     if device.startswith("cpu"):
         os.environ["TRITON_INTERPRET"] = "1"
@@ -132,6 +135,8 @@ def verify_tree(
         selected = _select(scenarios)
         loaded = load_tree(Path(tree), device=device)
         report.site = str(loaded.site)
+        if patch is not None and loaded.module is not None:
+            patch(loaded.module)
         problem = triton_problem()
         if problem:
             report.error = problem

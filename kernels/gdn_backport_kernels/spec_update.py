@@ -290,19 +290,22 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _pick_block_v(V: int, BK: int, device: torch.device) -> int:
-    """V block: one warp per program, about 32 fp32 state elements per thread.
+def _pick_block_v(rows: int, V: int, BK: int, device: torch.device) -> int:
+    """V block for ``rows`` = N x HV (request, value head) pairs.
 
-    Measured on an H200 (bench/sweep_spec_update.py, HV=32-64, K=V=128):
-    [8, 128] tiles on one warp reach 87-91 % of the copy-bandwidth roofline at
-    N >= 64 against 70-74 % for [32, 128] tiles on four warps (vLLM's launch
-    shape), and are fastest at N=8 too: more, smaller programs hide the serial
-    token chain's latency, and the K reductions stay inside one warp.
+    Measured on an H200 (bench/sweep_spec_update.py, K=V=128, CUDA graphs):
+    [8, 128] tiles on one warp reach 87-92 % of the copy-bandwidth roofline at
+    N >= 64 against 70-75 % for [32, 128] tiles on four warps (vLLM's launch
+    shape): more, smaller programs hide the serial token chain's latency, and
+    the K reductions stay inside one warp. Up to 512 rows (N=8 at HV=64) the
+    batch is latency-bound and [4, 128] tiles are 3-13 % faster still; above,
+    they lose 1-5 %.
     """
     if device.type != "cuda":
         # The interpreter runs programs one by one: on CPU, fewest programs win.
         return max(16, min(int(triton.next_power_of_2(V)), 4096 // BK))
-    return max(4, min(int(triton.next_power_of_2(V)), 1024 // BK))
+    per_thread = 16 if rows <= 512 else 32
+    return max(4, min(int(triton.next_power_of_2(V)), per_thread * 32 // BK))
 
 
 def _unsupported_reason(
@@ -455,7 +458,7 @@ def gated_delta_rule_spec_update_fwd(
         scale = K**-0.5
 
     BK = triton.next_power_of_2(K)
-    BV = block_v or _pick_block_v(V, BK, q.device)
+    BV = block_v or _pick_block_v(N * HV, V, BK, q.device)
     num_idx_cols = ssm_state_indices.shape[1]
     BT = min(triton.next_power_of_2(max(num_idx_cols, 2)), MAX_BT)
     if preload_qkv is None:

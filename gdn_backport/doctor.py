@@ -1,0 +1,209 @@
+"""``gdn-backport doctor``: which GDN code runs in this environment, and is it fixed?
+
+Without starting a server: find vLLM (``find_spec``, no import first),
+import it, load its general plugins the way vLLM does (so a hardware plugin's
+replacement, or our own runtime patch, is what gets looked at), import every
+module ``scan`` finds a GDN spec path in, and analyse each method *in effect
+on its class* (:mod:`gdn_backport.runtime.live`). Per method: the module
+file, the function in effect (file:line), its status, whether our runtime
+patch is that function, and whether ``gdn-backport apply`` patched the file
+on disk (its records in ``.gdn-backport/`` next to the ``vllm`` package).
+
+Exit: 0 nothing affected is in effect, 1 an affected method is in effect,
+2 vLLM cannot be imported or a method in effect is ``unknown``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gdn_backport.analysis import Status
+from gdn_backport.errors import UsageError
+from gdn_backport.records import Records, sha256
+from gdn_backport.scan import Site, scan_tree
+
+
+@dataclass(frozen=True)
+class Row:
+    method: str  # Class.method
+    module: str
+    path: str  # vllm/... (the file the class is defined in)
+    live: str  # file:line of the function in effect, or why none is
+    status: str
+    reason: str
+    runtime_patch: bool  # our plugin's function is the one in effect
+    on_disk: str  # what apply's records say about the file
+    in_effect: bool = True  # False: the module cannot be imported here
+
+
+@dataclass
+class Report:
+    vllm: str = ""  # version and where it is
+    plugins: str = ""  # what loading the general plugins did
+    rows: list[Row] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        live = [r for r in self.rows if r.in_effect]
+        if self.error or any(r.status == Status.UNKNOWN.value for r in live):
+            return 2
+        return 1 if any(r.status == Status.AFFECTED.value for r in live) else 0
+
+    @property
+    def verdict(self) -> str:
+        if self.error:
+            return f"cannot tell: {self.error}"
+        live = [r for r in self.rows if r.in_effect]
+        bad = [r.method for r in live if r.status == Status.AFFECTED.value]
+        if bad:
+            return (
+                f"AFFECTED: {', '.join(bad)} in effect has the vLLM #51812 bug "
+                "(fix: gdn-backport apply, or the runtime plugin: VLLM_PLUGINS=gdn_backport)"
+            )
+        unknown = [r.method for r in live if r.status == Status.UNKNOWN.value]
+        if unknown:
+            return f"UNKNOWN: {', '.join(unknown)} cannot be analysed; check it by hand"
+        ours = [r.method for r in live if r.runtime_patch]
+        if ours:
+            return f"ok: fixed in memory by the gdn-backport plugin ({', '.join(ours)})"
+        return "ok: no affected GDN method is in effect"
+
+    def table(self) -> str:
+        out = [f"vllm: {self.vllm or '-'}", f"plugins: {self.plugins or '-'}"]
+        if self.rows:
+            head = ("method", "file", "in effect", "status", "runtime patch", "on disk")
+            cells = [
+                (
+                    r.method,
+                    r.path,
+                    r.live,
+                    r.status,
+                    "yes" if r.runtime_patch else "no",
+                    r.on_disk,
+                )
+                for r in self.rows
+            ]
+            widths = [max(len(c[i]) for c in [head, *cells]) for i in range(len(head))]
+            for line in [head, tuple("-" * w for w in widths), *cells]:
+                out.append("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)))
+        out.append(f"verdict: {self.verdict}")
+        return "\n".join(line.rstrip() for line in out)
+
+    def to_json(self) -> str:
+        doc = asdict(self)
+        doc["verdict"] = self.verdict
+        doc["exit_code"] = self.exit_code
+        return json.dumps(doc, indent=2)
+
+
+def _on_disk(root: Path, rel: str) -> str:
+    """What ``apply``'s records (``<root>/.gdn-backport``) say about ``rel``."""
+    try:
+        record = Records(root).entries.get(rel)
+    except UsageError as exc:
+        return f"unreadable record ({exc})"
+    if record is None:
+        return "no apply record"
+    try:
+        current = sha256((root / rel).read_bytes())
+    except OSError:
+        return "apply record, file missing"
+    if current == record.patched_sha256:
+        return f"patched by apply ({record.strategy})"
+    return "apply record, but the file changed since"
+
+
+def _load_plugins() -> str:
+    try:
+        plugins = importlib.import_module("vllm.plugins")
+    except ImportError as exc:
+        return f"vllm.plugins not importable ({exc})"
+    load = getattr(plugins, "load_general_plugins", None)
+    if load is None:
+        return "this vLLM has no load_general_plugins()"
+    load()
+    return "general plugins loaded (vllm.plugins.load_general_plugins)"
+
+
+def _our_plugin() -> str:
+    from gdn_backport.runtime import hook, plugin
+
+    if not hook.watching(plugin.WATCH):
+        return "; gdn-backport plugin not loaded (not installed here, or left out of VLLM_PLUGINS)"
+    # What the first layer construction does in a server: check again.
+    plugin.settle()
+    return "; gdn-backport plugin loaded"
+
+
+def diagnose(load_plugins: bool = True) -> Report:
+    """The report for the vLLM this Python imports (see module docs)."""
+    report = Report()
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        report.error = f"vLLM is not importable from this Python ({sys.executable})"
+        return report
+    package = Path(next(iter(spec.submodule_search_locations)))
+    root = package.parent
+    try:
+        vllm = importlib.import_module("vllm")
+    except Exception as exc:
+        report.error = f"{package}: importing vllm failed: {type(exc).__name__}: {exc}"
+        return report
+    report.vllm = f"{getattr(vllm, '__version__', '?')} ({package})"
+    if load_plugins:
+        report.plugins = _load_plugins()
+
+    from gdn_backport.patchset import load
+    from gdn_backport.runtime import live
+
+    patchset = load()
+    _, sites = scan_tree(package, patchset)
+    by_module: dict[str, list[Site]] = {}
+    for s in sites:
+        name = "vllm." + s.path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        by_module.setdefault(name, []).append(s)
+    modules = []
+    for name, found in by_module.items():
+        try:
+            modules.append(importlib.import_module(name))
+        except Exception as exc:
+            why = f"not importable here ({type(exc).__name__}: {exc})"[:120]
+            for s in found:
+                rel = f"vllm/{s.path}"
+                report.rows.append(
+                    Row(
+                        s.function,
+                        name,
+                        rel,
+                        why,
+                        s.status.value,
+                        s.reason,
+                        False,
+                        _on_disk(root, rel),
+                        in_effect=False,
+                    )
+                )
+    # Plugins' own GDN modules (vllm_ascend, ...) that loading them imported.
+    modules += [m for m in live.gdn_modules(patchset) if m.__name__ not in by_module]
+    report.plugins += _our_plugin()
+    for module in modules:
+        for method in live.live_methods(module, patchset):
+            report.rows.append(
+                Row(
+                    method.qualname,
+                    method.module,
+                    method.path,
+                    method.where.removeprefix(f"{root}/"),
+                    method.status.value,
+                    method.reason,
+                    method.ours is not None,
+                    _on_disk(root, method.path),
+                )
+            )
+    return report

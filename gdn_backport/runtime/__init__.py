@@ -1,0 +1,1 @@
+"""Run-time pieces loaded inside vLLM processes (general plugin, reachability probe)."""
