@@ -387,3 +387,30 @@ def test_gpu_runs_pin_each_autotuner_to_its_first_config() -> None:
     firsts = [t.configs[0] for t in tuners]
     assert pin_autotuners(loaded.modules.values()) > 0
     assert [t.configs for t in tuners] == [[c] for c in firsts]
+
+
+# -- site discovery -------------------------------------------------------------
+
+_LAYER = """
+class Layer:
+    def rearrange_mixed_qkv(self, mixed_qkv):
+        return mixed_qkv
+
+    def _forward_core(self, mixed_qkv, b, a, core_attn_out):
+        spec_token_indx = None
+        return spec_token_indx
+"""
+
+
+def test_site_discovery_skips_records_and_links(tmp_path: Path) -> None:
+    """The records of an in-place patch hold the affected original: never a site."""
+    from gdn_backport.harness.loader import find_gdn_sites
+
+    pkg = tmp_path / "vllm" / "layers"
+    pkg.mkdir(parents=True)
+    (pkg / "gdn.py").write_text(_LAYER)
+    records = tmp_path / "vllm" / ".gdn-backport" / "originals" / "vllm" / "layers"
+    records.mkdir(parents=True)
+    (records / "gdn.py").write_text(_LAYER)
+    (pkg / "link.py").symlink_to(pkg / "gdn.py")
+    assert [(s.module, s.cls) for s in find_gdn_sites(tmp_path)] == [("vllm.layers.gdn", "Layer")]

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from gdn_backport import locate
 from gdn_backport.harness.standins import (
     STANDIN_BUILDERS,
     HarnessContext,
@@ -92,7 +93,9 @@ def find_gdn_sites(tree: Path) -> list[GdnSite]:
     if not root.is_dir():
         raise HarnessError(f"{tree}: no vllm/ package below it")
     sites: list[GdnSite] = []
-    for path in sorted(root.rglob("*.py")):
+    # scan's own walk: no records (.gdn-backport/originals hold the affected
+    # originals of a patched tree), no VCS or cache folders, no links.
+    for path in locate.python_files(root):
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
