@@ -39,18 +39,25 @@ def python_files(root: Path) -> Iterator[Path]:
     """Every ``*.py`` below ``root`` (or ``root`` itself), links not followed.
 
     Only regular files: reading a FIFO (or a device) named ``*.py`` would
-    block forever.
+    block forever. Directory entries carry their type, so a tree of 3,000
+    files costs no ``stat`` per file.
     """
     if root.is_file():
         yield root
         return
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-        for name in sorted(filenames):
-            if name.endswith(".py"):
-                path = Path(dirpath, name)
-                if not path.is_symlink() and path.is_file():
-                    yield path
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError:
+        return  # unreadable folders are skipped, as os.walk does
+    folders = []
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            if entry.name not in SKIP_DIRS:
+                folders.append(Path(entry.path))
+        elif entry.name.endswith(".py") and entry.is_file(follow_symlinks=False):
+            yield Path(entry.path)
+    for folder in folders:
+        yield from python_files(folder)
 
 
 def mentions_fields(data: bytes, patchset: Patchset) -> bool:
