@@ -188,12 +188,21 @@ def gathers_by_spec_index(
     args = func.args
     tainted = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs] if a.arg in fields}
 
+    # What each expression reads, collected once: the fixpoint below asks
+    # again after every new tainted name, and large methods have hundreds of
+    # assignments.
+    reads: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
+
     def mentions(node: ast.AST) -> bool:
-        return any(
-            (isinstance(n, ast.Attribute) and n.attr in fields)
-            or (isinstance(n, ast.Name) and n.id in tainted)
-            for n in ast.walk(node)
-        )
+        key = id(node)
+        if key not in reads:
+            walked = list(ast.walk(node))
+            reads[key] = (
+                frozenset(n.attr for n in walked if isinstance(n, ast.Attribute)),
+                frozenset(n.id for n in walked if isinstance(n, ast.Name)),
+            )
+        attrs, names = reads[key]
+        return not attrs.isdisjoint(fields) or not names.isdisjoint(tainted)
 
     def bound(target: ast.expr) -> Iterator[str]:
         # Only the names an assignment binds: in ``out[:n] = x`` or
