@@ -34,11 +34,16 @@ def check_writable(path: Path) -> None:
             pass
     except OSError as exc:
         raise UsageError(f"{path}: cannot write ({exc.strerror})") from exc
+    check_folder(path.parent, path)
+
+
+def check_folder(folder: Path, needed_for: Path) -> None:
+    """Raise UsageError (naming ``needed_for``) unless a file can be created
+    in ``folder``: the atomic rename, records, removed bytecode caches."""
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".gdn-backport.", suffix=".probe")
     except OSError as exc:
-        why = f"cannot create a file in {path.parent} ({exc.strerror})"
-        raise UsageError(f"{path}: cannot write: {why}") from exc
+        raise UsageError(f"{needed_for}: cannot write in {folder} ({exc.strerror})") from exc
     os.close(fd)
     os.unlink(tmp)
 

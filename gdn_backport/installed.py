@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import glob
 import importlib.util
-import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,8 +111,8 @@ def check_writable(root: Path, files: list[Path]) -> None:
     for file in files:
         atomic.check_writable(file)
         for folder in sorted({cache.parent for cache in bytecode_caches(file)}):
-            _probe_folder(folder, file)
-    _probe_folder(root, root / atomic.STATE_DIR)
+            atomic.check_folder(folder, file)
+    atomic.check_folder(root, root / atomic.STATE_DIR)
 
 
 def bytecode_caches(source: Path) -> list[Path]:
@@ -125,16 +123,6 @@ def bytecode_caches(source: Path) -> list[Path]:
     folders.add(source.parent / "__pycache__")
     pattern = f"{glob.escape(source.stem)}.*.pyc"
     return sorted(p for folder in folders for p in folder.glob(pattern) if p.is_file())
-
-
-def _probe_folder(folder: Path, needed_for: Path) -> None:
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".gdn-backport.", suffix=".probe")
-    except OSError as exc:
-        why = f"cannot write in {folder} ({exc.strerror})"
-        raise UsageError(f"{needed_for}: {why}") from exc
-    os.close(fd)
-    os.unlink(tmp)
 
 
 def _drop_caches(root: Path, written: list[str]) -> list[tuple[Path, str]]:

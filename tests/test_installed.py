@@ -10,7 +10,6 @@ import py_compile
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from gdn_backport import atomic, installed
 from gdn_backport.cli import main
 from gdn_backport.engine import apply_tree
 from tests.conftest import AFFECTED, FIXED
-from tests.test_bad_inputs import _chattr
+from tests.test_bad_inputs import immutable
 
 SITE = "vllm/model_executor/layers/mamba/gdn_linear_attn.py"
 MODULE = SITE.removesuffix(".py").replace("/", ".")
@@ -154,16 +153,6 @@ def test_reinstall_then_apply_then_revert_restores_the_new_version(
     assert run(capsys, "apply", "--installed")[0] == 0
     assert run(capsys, "revert", "--installed")[0] == 0
     assert target.read_text() == upgraded
-
-
-@contextlib.contextmanager
-def immutable(path: Path) -> Iterator[None]:
-    if not _chattr("+i", path):
-        pytest.skip("chattr +i is not allowed here (the simulated case still runs)")
-    try:
-        yield
-    finally:
-        _chattr("-i", path)
 
 
 @pytest.mark.parametrize("how", ["immutable", "simulated"])
