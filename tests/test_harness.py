@@ -197,6 +197,47 @@ def test_reference_matches_a_direct_recurrence_for_one_head() -> None:
         assert torch.allclose(ref.out[t, 0], q[t] @ state)
 
 
+def test_reference_matches_a_per_head_loop_with_grouped_heads_and_a_real_conv() -> None:
+    # Value head h reads key head h // (HV / H) (not h % H), and the conv is
+    # a causal window over (history, tokens): checked against plain loops.
+    shape = LayerShape(
+        num_k_heads=2, num_v_heads=4, head_k_dim=4, head_v_dim=4, dtype=torch.float32
+    )
+    batch = Batch((Row(False, 3, has_initial_state=True),), num_spec=3)
+    smap = SlotMap.for_steps([batch])
+    tensors = _tensors(shape, smap.num_slots)
+    gen = torch.Generator().manual_seed(5)
+    qkv = torch.randn(3, shape.conv_dim, generator=gen)
+    a, b = torch.randn(3, 4, generator=gen), torch.randn(3, 4, generator=gen)
+    ref = reference_step(shape, tensors, batch, smap, qkv, a, b)
+
+    slot, width = smap.blocks[0][0], shape.conv_kernel
+    weight = tensors.conv_weight.double().view(shape.conv_dim, width)
+    assert tensors.conv_bias is not None
+    full = torch.cat([tensors.conv_pool[slot, : width - 1].double(), qkv.double()])
+    y = torch.stack(
+        [
+            sum(full[t + w] * weight[:, w] for w in range(width)) + tensors.conv_bias.double()
+            for t in range(3)
+        ]
+    )
+    y = torch.nn.functional.silu(y).float().double()  # rounded as the kernels store it
+    q, k, v = y[:, :8].view(3, 2, 4), y[:, 8:16].view(3, 2, 4), y[:, 16:].view(3, 4, 4)
+    q = torch.nn.functional.normalize(q, dim=-1, eps=1e-6) * 0.5
+    k = torch.nn.functional.normalize(k, dim=-1, eps=1e-6)
+    decay = -torch.exp(tensors.A_log.double())
+    g = decay * torch.nn.functional.softplus(a.double() + tensors.dt_bias.double())
+    beta = torch.sigmoid(b.double())
+    for h in range(4):
+        state = tensors.ssm_pool[slot, h].double().T  # pool is (V, K)
+        for t in range(3):
+            state = state * torch.exp(g[t, h])
+            u = beta[t, h] * (v[t, h] - k[t, h // 2] @ state)
+            state = state + torch.outer(k[t, h // 2], u)
+            assert torch.allclose(ref.out[t, h], q[t, h // 2] @ state)
+        assert torch.allclose(ref.ssm_pool[slot, h], state.T)
+
+
 # -- a real release: loader, analysis, one step ------------------------------------
 
 

@@ -65,26 +65,29 @@ def reference_step(
     """The expected output and pools after one step (``tensors`` are the
     pools *before* the step; they are not modified)."""
     f64 = torch.float64
+    # On the pools' device: the float64 oracle runs beside the kernels on a
+    # GPU rather than copying every pool to the host each step.
+    dev = tensors.ssm_pool.device
     width, hk, hv = shape.conv_kernel, shape.num_k_heads, shape.num_v_heads
     kd, vd = shape.head_k_dim, shape.head_v_dim
-    conv = tensors.conv_pool.detach().to("cpu", f64).clone()
-    ssm = tensors.ssm_pool.detach().to("cpu", f64).clone()
-    weight = tensors.conv_weight.detach().to("cpu", f64).view(shape.conv_dim, width)
+    conv = tensors.conv_pool.detach().to(dev, f64).clone()
+    ssm = tensors.ssm_pool.detach().to(dev, f64).clone()
+    weight = tensors.conv_weight.detach().to(dev, f64).view(shape.conv_dim, width)
     bias = (
-        tensors.conv_bias.detach().to("cpu", f64)
+        tensors.conv_bias.detach().to(dev, f64)
         if tensors.conv_bias is not None
-        else torch.zeros(shape.conv_dim, dtype=f64)
+        else torch.zeros(shape.conv_dim, dtype=f64, device=dev)
     )
-    decay = -torch.exp(tensors.A_log.detach().to("cpu", f64))
-    dt_bias = tensors.dt_bias.detach().to("cpu", f64)
-    x_all = mixed_qkv.detach().to("cpu", f64)
-    a_all, b_all = a.detach().to("cpu", f64), b.detach().to("cpu", f64)
-    out = torch.zeros(batch.num_tokens, hv, vd, dtype=f64)
+    decay = -torch.exp(tensors.A_log.detach().to(dev, f64))
+    dt_bias = tensors.dt_bias.detach().to(dev, f64)
+    x_all = mixed_qkv.detach().to(dev, f64)
+    a_all, b_all = a.detach().to(dev, f64), b.detach().to(dev, f64)
+    out = torch.zeros(batch.num_tokens, hv, vd, dtype=f64, device=dev)
     group = hv // hk
 
     for rid, row, tokens in zip(batch.request_ids(), batch.rows, batch.token_ranges(), strict=True):
         block = slots.blocks[rid]
-        idx = torch.tensor(list(tokens))
+        idx = torch.tensor(list(tokens), device=dev)
         x = x_all[idx]
         n_tok = row.query_len
         if row.spec:
@@ -98,11 +101,12 @@ def reference_step(
                 history = conv[block[0], : width - 1].clone()
                 state = _to_kv(ssm[block[0]], tensors.ssm_layout).clone()
             else:
-                history = torch.zeros(width - 1, shape.conv_dim, dtype=f64)
-                state = torch.zeros(hv, kd, vd, dtype=f64)
+                history = torch.zeros(width - 1, shape.conv_dim, dtype=f64, device=dev)
+                state = torch.zeros(hv, kd, vd, dtype=f64, device=dev)
             conv[block[0], : width - 1] = torch.cat([history, x])[-(width - 1) :]
         full = torch.cat([history, x])  # (W-1+T, D)
-        y = torch.stack([(full[t : t + width] * weight.T).sum(0) + bias for t in range(n_tok)])
+        # windows[t, d, w] = full[t + w, d]
+        y = (full.unfold(0, width, 1) * weight).sum(-1) + bias
         y = F.silu(y).to(shape.dtype).to(f64)
         q, k, v = torch.split(y, [shape.key_dim, shape.key_dim, shape.value_dim], dim=-1)
         q = F.normalize(q.reshape(n_tok, hk, kd), dim=-1, eps=1e-6) * kd**-0.5
@@ -110,13 +114,14 @@ def reference_step(
         v = v.reshape(n_tok, hv, vd)
         g = decay * F.softplus(a_all[idx] + dt_bias)  # (T, HV)
         beta = torch.sigmoid(b_all[idx])
+        # Value head h reads key head h // group; all heads of a token at once.
+        k = k.repeat_interleave(group, dim=1)
+        q = q.repeat_interleave(group, dim=1)
         for t in range(n_tok):
-            for h in range(hv):
-                kt, qt = k[t, h // group], q[t, h // group]
-                state[h] = state[h] * torch.exp(g[t, h])
-                u = beta[t, h] * (v[t, h] - kt @ state[h])
-                state[h] = state[h] + torch.outer(kt, u)
-                out[tokens[t], h] = qt @ state[h]
+            state = state * torch.exp(g[t])[:, None, None]
+            u = beta[t, :, None] * (v[t] - torch.einsum("hk,hkv->hv", k[t], state))
+            state = state + k[t, :, :, None] * u[:, None, :]
+            out[tokens[t]] = torch.einsum("hk,hkv->hv", q[t], state)
             if row.spec:
                 ssm[block[t]] = _from_kv(state, tensors.ssm_layout)
         if not row.spec:

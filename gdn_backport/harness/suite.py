@@ -95,7 +95,7 @@ def _short(items: list[int], limit: int = 8) -> str:
 
 
 def _max_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    diff = (actual.detach().to("cpu", torch.float64) - expected).abs()
+    diff = (actual.detach().to(expected.device, torch.float64) - expected).abs()
     if diff.numel() == 0:
         return 0.0
     worst = diff.max().item()
@@ -227,15 +227,15 @@ class SuiteRunner:
             )
             own = torch.tensor(slots.blocks[rid], device=self.device, dtype=torch.long)
             errs["alone_out"] = max(
-                errs["alone_out"], _max_err(run.out[idx], solo.out.to("cpu", torch.float64))
+                errs["alone_out"], _max_err(run.out[idx], solo.out.to(torch.float64))
             )
             errs["alone_conv"] = max(
                 errs["alone_conv"],
-                _max_err(after.conv_pool[own], alone.conv_pool[own].to("cpu", torch.float64)),
+                _max_err(after.conv_pool[own], alone.conv_pool[own].to(torch.float64)),
             )
             errs["alone_ssm"] = max(
                 errs["alone_ssm"],
-                _max_err(after.ssm_pool[own], alone.ssm_pool[own].to("cpu", torch.float64)),
+                _max_err(after.ssm_pool[own], alone.ssm_pool[own].to(torch.float64)),
             )
         return errs
 
