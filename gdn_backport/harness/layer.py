@@ -29,7 +29,7 @@ from torch import nn
 
 from gdn_backport.harness.loader import HarnessError, LoadedTree
 
-__all__ = ["LayerShape", "build_layer", "self_attributes", "ssm_layout"]
+__all__ = ["LayerReads", "LayerShape", "build_layer", "self_attributes", "ssm_layout"]
 
 PREFIX = "model.layers.0.linear_attn"
 # A rule's value for an attribute the real layer does not have on the
@@ -172,24 +172,22 @@ class LayerTensors:
 def make_tensors(
     shape: LayerShape, num_slots: int, layout: str, device: torch.device, seed: int
 ) -> LayerTensors:
-    gen = torch.Generator().manual_seed(seed)
+    # Drawn on the device: the pools of a GPU-sized layer are tens of MB,
+    # slow to draw on the host for every scenario.
+    gen = torch.Generator(device=device).manual_seed(seed)
 
     def rand(*size: int, scale: float = 1.0) -> torch.Tensor:
-        return torch.randn(*size, generator=gen, dtype=torch.float64) * scale
+        return torch.randn(*size, generator=gen, dtype=torch.float32, device=device) * scale
 
     hv, k, v = shape.num_v_heads, shape.head_k_dim, shape.head_v_dim
     ssm_shape = (num_slots, hv, v, k) if layout == "VK" else (num_slots, hv, k, v)
     return LayerTensors(
-        A_log=torch.log(torch.rand(hv, generator=gen, dtype=torch.float64) * 4 + 1)
-        .to(torch.float32)
-        .to(device),
-        dt_bias=rand(hv, scale=0.5).to(torch.float32).to(device),
-        conv_weight=rand(shape.conv_dim, 1, shape.conv_kernel, scale=0.5)
-        .to(shape.dtype)
-        .to(device),
-        conv_bias=rand(shape.conv_dim, scale=0.1).to(shape.dtype).to(device),
-        conv_pool=rand(num_slots, shape.conv_state_len, shape.conv_dim).to(shape.dtype).to(device),
-        ssm_pool=rand(*ssm_shape, scale=0.3).to(shape.state_dtype).to(device),
+        A_log=torch.log(torch.rand(hv, generator=gen, dtype=torch.float32, device=device) * 4 + 1),
+        dt_bias=rand(hv, scale=0.5),
+        conv_weight=rand(shape.conv_dim, 1, shape.conv_kernel, scale=0.5).to(shape.dtype),
+        conv_bias=rand(shape.conv_dim, scale=0.1).to(shape.dtype),
+        conv_pool=rand(num_slots, shape.conv_state_len, shape.conv_dim).to(shape.dtype),
+        ssm_pool=rand(*ssm_shape, scale=0.3).to(shape.state_dtype),
         ssm_layout=layout,
     )
 
@@ -209,13 +207,26 @@ def _chunk_op(loaded: LoadedTree) -> Any:
     raise HarnessError(f"{loaded.site}: no chunk_gated_delta_rule op to give the layer")
 
 
+@dataclass(frozen=True)
+class LayerReads:
+    """What a GDN class's ``_forward_core`` path reads from ``self`` (from its
+    source: see :func:`self_attributes`), and how it indexes ``self.kv_cache``."""
+
+    direct: frozenset[str]
+    indirect: frozenset[str]
+    kv_cache_per_engine: bool
+
+    @classmethod
+    def of(cls, layer_class: type) -> LayerReads:
+        direct, indirect = self_attributes(layer_class)
+        return cls(frozenset(direct), frozenset(indirect), _kv_cache_is_per_engine(layer_class))
+
+
 def _attribute_rules(
-    loaded: LoadedTree, shape: LayerShape, tensors: LayerTensors
+    loaded: LoadedTree, shape: LayerShape, tensors: LayerTensors, per_engine: bool
 ) -> dict[str, Callable[[], Any]]:
-    assert loaded.layer_class is not None
     conv1d = types.SimpleNamespace(weight=tensors.conv_weight, bias=tensors.conv_bias)
     pools = (tensors.conv_pool, tensors.ssm_pool)
-    per_engine = _kv_cache_is_per_engine(loaded.layer_class)
     return {
         "prefix": lambda: PREFIX,
         "kv_cache": lambda: [pools] if per_engine else pools,
@@ -245,15 +256,23 @@ def _attribute_rules(
     }
 
 
-def build_layer(loaded: LoadedTree, shape: LayerShape, tensors: LayerTensors) -> nn.Module:
-    """An instance of the tree's GDN class whose ``_forward_core`` can run."""
+def build_layer(
+    loaded: LoadedTree,
+    shape: LayerShape,
+    tensors: LayerTensors,
+    reads: LayerReads | None = None,
+) -> nn.Module:
+    """An instance of the tree's GDN class whose ``_forward_core`` can run
+    (``reads``: :meth:`LayerReads.of` the class, when the caller keeps it)."""
     cls: Any = loaded.layer_class
     assert cls is not None
     layer = cls.__new__(cls)
     if isinstance(layer, nn.Module):
         nn.Module.__init__(layer)
-    rules = _attribute_rules(loaded, shape, tensors)
-    direct, indirect = self_attributes(cls)
+    if reads is None:
+        reads = LayerReads.of(cls)
+    rules = _attribute_rules(loaded, shape, tensors, reads.kv_cache_per_engine)
+    direct, indirect = reads.direct, reads.indirect
     missing = sorted(direct - set(rules))
     if missing:
         raise HarnessError(

@@ -184,6 +184,7 @@ class LoadedTree:
     real: set[str] = field(default_factory=set)
     module: types.ModuleType | None = None
     layer_class: type | None = None
+    _depth: int = field(default=0, repr=False)
 
     def _spec_for(self, name: str) -> importlib.machinery.ModuleSpec:
         builder = STANDIN_BUILDERS.get(name)
@@ -223,7 +224,17 @@ class LoadedTree:
 
     @contextlib.contextmanager
     def active(self) -> Iterator[LoadedTree]:
-        """Put this tree's modules in ``sys.modules`` (and take them out after)."""
+        """Put this tree's modules in ``sys.modules`` (and take them out after).
+
+        Re-entrant: a nested ``active()`` of the same tree changes nothing
+        (swapping the modules walks all of ``sys.modules``, twice)."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield self
+            finally:
+                self._depth -= 1
+            return
         saved = {name: sys.modules.pop(name) for name in list(sys.modules) if _owned(name)}
         sys.modules.update(self.modules)
         finder = _TreeFinder(self)
@@ -235,9 +246,11 @@ class LoadedTree:
             # Older FLA wrappers enter torch.cuda.device(t.device.index), None
             # for a CPU tensor, which a CPU-only torch refuses.
             torch.cuda.device = _cpu_device  # type: ignore[misc,assignment]
+        self._depth = 1
         try:
             yield self
         finally:
+            self._depth = 0
             torch.cuda.device = cuda_device  # type: ignore[misc]
             sys.meta_path.remove(finder)
             for name in [n for n in sys.modules if _owned(n)]:

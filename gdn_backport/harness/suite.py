@@ -36,6 +36,7 @@ import torch
 from gdn_backport.harness.batch import Batch, Row, SlotMap
 from gdn_backport.harness.layer import (
     PREFIX,
+    LayerReads,
     LayerShape,
     LayerTensors,
     build_layer,
@@ -114,6 +115,9 @@ class SuiteRunner:
         self.seed = seed
         self.fields = metadata_fields(loaded)
         self.layout = ssm_layout(loaded)
+        # Read from the class's source once per runner, not once per step.
+        assert loaded.layer_class is not None
+        self.reads = LayerReads.of(loaded.layer_class)
         self.tolerance = TOLERANCES[shape.dtype]
 
     # -- running the tree's method ------------------------------------------
@@ -150,8 +154,6 @@ class SuiteRunner:
         b: torch.Tensor,
     ) -> _StepRun:
         """One call of the tree's ``_forward_core``; mutates the pools in ``tensors``."""
-        layer = build_layer(self.loaded, self.shape, tensors)
-        metadata = build_metadata(self.loaded, batch, slots, self.device, self.fields)
         out = torch.zeros(
             batch.num_tokens,
             self.shape.num_v_heads,
@@ -159,18 +161,20 @@ class SuiteRunner:
             dtype=self.shape.dtype,
             device=self.device,
         )
-        with (
-            self.loaded.active(),
-            self.loaded.context.forward({PREFIX: metadata}, {PREFIX: layer}),
-            self._spy() as calls,
-            torch.no_grad(),
-            warnings.catch_warnings(),
-        ):
-            # Shape heuristics of the tree's wrappers (small test shapes) and
-            # NumPy overflow in masked-off interpreter lanes: noise here.
-            warnings.simplefilter("ignore", UserWarning)
-            warnings.simplefilter("ignore", RuntimeWarning)
-            layer._forward_core(qkv, b, a, out)  # type: ignore[operator]
+        with self.loaded.active():
+            layer = build_layer(self.loaded, self.shape, tensors, self.reads)
+            metadata = build_metadata(self.loaded, batch, slots, self.device, self.fields)
+            with (
+                self.loaded.context.forward({PREFIX: metadata}, {PREFIX: layer}),
+                self._spy() as calls,
+                torch.no_grad(),
+                warnings.catch_warnings(),
+            ):
+                # Shape heuristics of the tree's wrappers (small test shapes) and
+                # NumPy overflow in masked-off interpreter lanes: noise here.
+                warnings.simplefilter("ignore", UserWarning)
+                warnings.simplefilter("ignore", RuntimeWarning)
+                layer._forward_core(qkv, b, a, out)  # type: ignore[operator]
         return _StepRun(out=out, calls=calls)
 
     # -- inputs ---------------------------------------------------------------
