@@ -267,6 +267,13 @@ def test_loader_drives_a_real_release_on_cpu() -> None:
 
     assert not any(name == "vllm" or name.startswith("vllm.") for name in sys.modules)
     assert isinstance(loaded.module, types.ModuleType)
+    # active() nests (a step enters it once; helpers enter it again): only
+    # the outermost exit takes the tree's modules out.
+    with loaded.active():
+        with loaded.active():
+            assert sys.modules[loaded.site.module] is loaded.module
+        assert sys.modules[loaded.site.module] is loaded.module
+    assert loaded.site.module not in sys.modules
 
 
 # -- adapting to what a tree declares (no release needed) ------------------------------
