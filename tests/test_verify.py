@@ -106,6 +106,49 @@ def test_not_affected_and_fixed_releases_pass(version: str) -> None:
     assert all(r.max_abs_err <= r.tolerance for r in report.rows)
 
 
+# -- the layout before 0.11.1: _forward(hidden_states, output) -------------------
+
+FORWARD = ("pr_layout", "no_spec", "two_steps")
+# The bug of PR #51812 planted in 0.10.2's mask-based selection: the spec
+# kernel gets the gates of the batch's first tokens.
+_MASKED_GATES = (
+    "                g_spec = g[:, spec_token_masks]\n"
+    "                beta_spec = beta[:, spec_token_masks]\n"
+)
+_FIRST_TOKENS_GATES = (
+    "                g_spec = g[:, : int(spec_token_masks.sum())]\n"
+    "                beta_spec = beta[:, : int(spec_token_masks.sum())]\n"
+)
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("version", ["0.10.2", "0.11.0"])
+def test_forward_layout_releases_are_driven_and_pass(version: str) -> None:
+    interpreted()
+    report = verify_tree(release_tree(version), scenarios=FORWARD)
+    assert report.site.endswith("Qwen3NextGatedDeltaNet._forward"), report.site
+    assert report.passed, report.table()
+
+
+@pytest.mark.network
+def test_forward_layout_with_the_bug_planted_fails_mixed_batches(tmp_path: Path) -> None:
+    from gdn_backport import sources
+
+    interpreted()
+    root = tmp_path / "planted"
+    sources.copy_release("0.10.2", root)
+    module = root / "vllm" / "model_executor" / "models" / "qwen3_next.py"
+    text = module.read_text(encoding="utf-8")
+    assert text.count(_MASKED_GATES) == 1
+    module.write_text(text.replace(_MASKED_GATES, _FIRST_TOKENS_GATES), encoding="utf-8")
+    rows = _rows(verify_tree(root, scenarios=MUTATION))
+    bad = rows["pr_layout"]
+    assert not bad.passed and bad.max_abs_err > 10 * bad.tolerance, bad
+    # Pure spec takes g as it is, spec-first selects the same rows either way.
+    assert rows["pure_spec"].passed, rows["pure_spec"].note
+    assert rows["spec_first"].passed, rows["spec_first"].note
+
+
 # -- random compositions ---------------------------------------------------------
 
 _row = st.one_of(

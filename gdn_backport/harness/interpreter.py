@@ -11,7 +11,13 @@ Only used under ``TRITON_INTERPRET=1``; the compiled GPU path is untouched.
 * A grid callable receives the very dict the kernel is then called with, so
   a grid that writes into its ``META`` argument (vLLM's ``causal_conv1d_fn``
   does ``META["batch_ptr"] = ...``) replaces a kernel argument by a raw
-  tensor. Compiled Triton hands the grid a copy; so does the patch.
+  tensor. Compiled Triton hands the grid a copy; so does the patch. And
+  compiled Triton's grid sees the launch's torch tensors where the
+  interpreter's sees converted pointers: ``causal_conv1d_fn`` before 0.11.1
+  (no ``metadata``) fills ``META["batch_ptr"]`` from its grid
+  (``nelement()``, ``copy_``). The patch gives the grid the torch tensors;
+  on the CPU the interpreter's host copies share their storage, so what
+  the grid writes is what the kernel reads.
 * ``triton.autotune`` benchmarks each config through the GPU driver, which
   does not exist under the interpreter. Timing interpreted kernels would be
   meaningless anyway: every config scores the same, so the first one runs.
@@ -45,6 +51,19 @@ class _State(threading.local):
 
 
 _STATE = _State()
+
+
+def _launch_tensors(executor: Any, meta: dict[str, Any]) -> dict[str, Any]:
+    """The torch tensors the kernel was launched with, by parameter name."""
+    import inspect
+
+    import torch
+
+    args, kwargs = getattr(executor, "_gdn_launch_args", ((), {}))
+    names = inspect.getfullargspec(executor.fn).args
+    bound = {**dict(zip(names, args, strict=False))}
+    bound.update((k, v) for k, v in kwargs.items() if k in names)
+    return {k: v for k, v in bound.items() if k in meta and isinstance(v, torch.Tensor)}
 
 
 def _kernel_range(*args: Any, **kwargs: Any) -> Any:
@@ -111,10 +130,12 @@ def patch_interpreter() -> list[str]:
 
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
             _STATE.depth += 1
+            self._gdn_launch_args = (args, kwargs)
             try:
                 return call(self, *args, **kwargs)
             finally:
                 _STATE.depth -= 1
+                self._gdn_launch_args = ((), {})
 
         executor.__call__ = __call__
 
@@ -123,7 +144,13 @@ def patch_interpreter() -> list[str]:
                 original_grid = grid
 
                 def grid(meta: Any) -> Any:
-                    return original_grid(dict(meta))
+                    # Host code: the builtin range there (causal_conv1d_fn's grid
+                    # builds its program list with it), not the kernel's.
+                    depth, _STATE.depth = _STATE.depth, 0
+                    try:
+                        return original_grid({**meta, **_launch_tensors(self, meta)})
+                    finally:
+                        _STATE.depth = depth
 
             init(self, fn, arg_names, grid, *rest, **kw)
 

@@ -11,6 +11,10 @@ SSM state ``(slots, HV, V, K)`` or ``(slots, HV, K, V)`` as the release's
 harness runs switched off (prefix-caching checkpoints) are left unset, as on
 a real layer without them; (cached) properties are computed on read. An
 attribute without a rule fails with a message that names it.
+
+Before 0.11.1 the site is ``_forward(hidden_states, output)``, which also
+runs the input projections and the gated norm / output projection around
+the core; :func:`run_method` stands in for those per step (see there).
 """
 
 from __future__ import annotations
@@ -29,7 +33,14 @@ from torch import nn
 
 from gdn_backport.harness.loader import HarnessError, LoadedTree
 
-__all__ = ["LayerReads", "LayerShape", "build_layer", "self_attributes", "ssm_layout"]
+__all__ = [
+    "LayerReads",
+    "LayerShape",
+    "build_layer",
+    "run_method",
+    "self_attributes",
+    "ssm_layout",
+]
 
 PREFIX = "model.layers.0.linear_attn"
 # A rule's value for an attribute the real layer does not have on the
@@ -84,12 +95,12 @@ def _class_attribute(cls: type, name: str) -> Any:
     return None
 
 
-def self_attributes(layer_class: type) -> tuple[set[str], set[str]]:
-    """``self.X`` reads that are not methods: (read by ``_forward_core`` itself,
+def self_attributes(layer_class: type, method: str = "_forward_core") -> tuple[set[str], set[str]]:
+    """``self.X`` reads that are not methods: (read by ``method`` itself,
     read by the methods it calls on ``self``, transitively)."""
     direct: set[str] = set()
     indirect: set[str] = set()
-    todo, seen = ["_forward_core"], set()
+    todo, seen = [method], set()
     while todo:
         name = todo.pop()
         if name in seen:
@@ -113,7 +124,7 @@ def self_attributes(layer_class: type) -> tuple[set[str], set[str]]:
                     # it, what it needs fails there with the attribute's name.
                     continue
                 else:
-                    (direct if name == "_forward_core" else indirect).add(sub.attr)
+                    (direct if name == method else indirect).add(sub.attr)
     return direct, indirect - direct
 
 
@@ -140,9 +151,9 @@ def ssm_layout(loaded: LoadedTree) -> str:
     )
 
 
-def _kv_cache_is_per_engine(layer_class: type) -> bool:
+def _kv_cache_is_per_engine(layer_class: type, method: str) -> bool:
     """Older releases index ``self.kv_cache[forward_context.virtual_engine]``."""
-    node = _function_ast(layer_class._forward_core)  # type: ignore[attr-defined]
+    node = _function_ast(getattr(layer_class, method))
     assert node is not None
     for sub in ast.walk(node):
         if (
@@ -209,17 +220,19 @@ def _chunk_op(loaded: LoadedTree) -> Any:
 
 @dataclass(frozen=True)
 class LayerReads:
-    """What a GDN class's ``_forward_core`` path reads from ``self`` (from its
-    source: see :func:`self_attributes`), and how it indexes ``self.kv_cache``."""
+    """What a GDN class's ``_forward_core`` (or ``_forward``) path reads from
+    ``self`` (from its source: see :func:`self_attributes`), and how it
+    indexes ``self.kv_cache``."""
 
     direct: frozenset[str]
     indirect: frozenset[str]
     kv_cache_per_engine: bool
 
     @classmethod
-    def of(cls, layer_class: type) -> LayerReads:
-        direct, indirect = self_attributes(layer_class)
-        return cls(frozenset(direct), frozenset(indirect), _kv_cache_is_per_engine(layer_class))
+    def of(cls, layer_class: type, method: str = "_forward_core") -> LayerReads:
+        direct, indirect = self_attributes(layer_class, method)
+        per_engine = _kv_cache_is_per_engine(layer_class, method)
+        return cls(frozenset(direct), frozenset(indirect), per_engine)
 
 
 def _attribute_rules(
@@ -253,6 +266,7 @@ def _attribute_rules(
         # None. Left unset, as on a real layer without the feature: a read
         # fails with the attribute's name.
         "_checkpoint_exporter": lambda: _UNSET,
+        **{name: (lambda: _UNSET) for name in _PER_STEP},
     }
 
 
@@ -262,7 +276,7 @@ def build_layer(
     tensors: LayerTensors,
     reads: LayerReads | None = None,
 ) -> nn.Module:
-    """An instance of the tree's GDN class whose ``_forward_core`` can run
+    """An instance of the tree's GDN class whose site method can run
     (``reads``: :meth:`LayerReads.of` the class, when the caller keeps it)."""
     cls: Any = loaded.layer_class
     assert cls is not None
@@ -270,13 +284,13 @@ def build_layer(
     if isinstance(layer, nn.Module):
         nn.Module.__init__(layer)
     if reads is None:
-        reads = LayerReads.of(cls)
+        reads = LayerReads.of(cls, loaded.site.method)
     rules = _attribute_rules(loaded, shape, tensors, reads.kv_cache_per_engine)
     direct, indirect = reads.direct, reads.indirect
     missing = sorted(direct - set(rules))
     if missing:
         raise HarnessError(
-            f"{loaded.site}: _forward_core reads self.{', self.'.join(missing)}, which "
+            f"{loaded.site}: reads self.{', self.'.join(missing)}, which "
             "the harness does not know how to provide"
         )
     # Attributes only other methods read (warm-up, other platforms) get a
@@ -286,3 +300,72 @@ def build_layer(
         if value is not _UNSET:
             object.__setattr__(layer, name, value)
     return layer  # type: ignore[no-any-return]
+
+
+# What _forward (before 0.11.1) reads around the core: set by run_method for
+# each step, since they carry that step's inputs.
+_PER_STEP = (
+    "in_proj",
+    "in_proj_qkvz",
+    "in_proj_ba",
+    "projection_size_qkvz",
+    "projection_size_ba",
+    "norm",
+    "out_proj",
+)
+
+
+def run_method(
+    loaded: LoadedTree,
+    layer: nn.Module,
+    shape: LayerShape,
+    mixed_qkv: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """One call of the site's method on one step's inputs; the core output
+    (``(T, HV, V)``) lands in ``out``.
+
+    ``_forward_core(mixed_qkv, b, a, out)`` is called as it is. For
+    ``_forward(hidden_states, output)`` the layer's projections are stand-ins
+    for this step: ``fix_query_key_value_ordering`` returns the step's q, k,
+    v (views of ``mixed_qkv``, which the method concatenates back into the
+    same rows), a zero ``z`` and the step's ``b`` and ``a``; ``norm`` and
+    ``out_proj`` pass the core output through into ``output``, a view of
+    ``out``. What the GDN core computes is then exactly what
+    ``_forward_core`` of later releases computes from the same inputs.
+    """
+    if loaded.site.method == "_forward_core":
+        layer._forward_core(mixed_qkv, b, a, out)  # type: ignore[operator]
+        return
+    tokens, hk, hv = mixed_qkv.shape[0], shape.num_k_heads, shape.num_v_heads
+    q, k, v = torch.split(mixed_qkv, [shape.key_dim, shape.key_dim, shape.value_dim], dim=-1)
+    value = v.view(tokens, hv, shape.head_v_dim)
+    parts = (
+        q.view(tokens, hk, shape.head_k_dim),
+        k.view(tokens, hk, shape.head_k_dim),
+        value,
+        torch.zeros_like(value),
+        b,
+        a,
+    )
+    qkvz, ba = 2 * shape.key_dim + 2 * shape.value_dim, 2 * hv
+
+    def projection(width: int) -> Callable[[torch.Tensor], tuple[torch.Tensor, None]]:
+        return lambda x: (x.new_zeros(x.shape[0], width), None)
+
+    step = {
+        "fix_query_key_value_ordering": lambda mixed_qkvz, mixed_ba: parts,
+        "projection_size_qkvz": qkvz,
+        "projection_size_ba": ba,
+        "in_proj": projection(qkvz + ba),
+        "in_proj_qkvz": projection(qkvz),
+        "in_proj_ba": projection(ba),
+        "norm": lambda x, z: x,
+        "out_proj": lambda x: (x, None),
+    }
+    for name, value_ in step.items():
+        object.__setattr__(layer, name, value_)
+    hidden_states = mixed_qkv.new_zeros(tokens, 1)
+    layer._forward(hidden_states, out.view(tokens, hv * shape.head_v_dim))  # type: ignore[operator]

@@ -53,6 +53,9 @@ _STUBBED_TOP_LEVEL = ("transformers",)
 # Pure helper modules of vLLM loaded from the tree as they are.
 _REAL_HELPERS = ("vllm.utils.math_utils",)
 _CORE_PARAMS = ("mixed_qkv", "b", "a", "core_attn_out")
+# Before 0.11.1 one method ran the input projections, the GDN core and the
+# gated norm / output projection: _forward(hidden_states, output).
+_FORWARD_PARAMS = ("hidden_states", "output")
 
 
 class HarnessError(RuntimeError):
@@ -61,14 +64,16 @@ class HarnessError(RuntimeError):
 
 @dataclass(frozen=True)
 class GdnSite:
-    """One GDN layer class whose ``_forward_core`` the harness can drive."""
+    """One GDN layer class whose ``_forward_core`` (or, before 0.11.1,
+    ``_forward``) the harness can drive."""
 
     path: Path  # the file, inside the tree
     module: str  # its dotted module name
-    cls: str  # the class defining _forward_core
+    cls: str  # the class defining the method
+    method: str = "_forward_core"
 
     def __str__(self) -> str:
-        return f"{self.module}.{self.cls}._forward_core"
+        return f"{self.module}.{self.cls}.{self.method}"
 
 
 def _module_name(tree: Path, path: Path) -> str:
@@ -83,11 +88,30 @@ def _forward_core_params(fn: ast.FunctionDef) -> tuple[str, ...]:
     return tuple(arg.arg for arg in fn.args.args[1:])
 
 
+def _site_method(methods: dict[str, ast.FunctionDef]) -> str | None:
+    if "rearrange_mixed_qkv" not in methods:
+        return None
+    core = methods.get("_forward_core")
+    if core is not None and _forward_core_params(core) == _CORE_PARAMS:
+        return "_forward_core"
+    whole = methods.get("_forward")
+    if (
+        whole is not None
+        and _forward_core_params(whole) == _FORWARD_PARAMS
+        and "fix_query_key_value_ordering" in methods
+    ):
+        return "_forward"
+    return None
+
+
 def find_gdn_sites(tree: Path) -> list[GdnSite]:
     """Classes in ``tree/vllm`` with ``_forward_core(self, mixed_qkv, b, a, core_attn_out)``
     that gather rows by ``spec_token_indx`` and whose layer splits packed QKV
     with ``rearrange_mixed_qkv``: the Qwen GDN layer in every release that has
-    it (OLMo and Kimi layers take other inputs). Qwen-named files come first.
+    it (OLMo and Kimi layers take other inputs). Before 0.11.1 the layer had
+    ``_forward(self, hidden_states, output)`` around the same core, selecting
+    rows by ``spec_token_masks``, and ``fix_query_key_value_ordering``; such
+    a class is a site with method ``_forward``. Qwen-named files come first.
     """
     root = tree / "vllm"
     if not root.is_dir():
@@ -100,18 +124,19 @@ def find_gdn_sites(tree: Path) -> list[GdnSite]:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue
-        if "def _forward_core" not in text or "spec_token_indx" not in text:
+        if not (
+            ("def _forward_core" in text and "spec_token_indx" in text)
+            or ("def _forward(" in text and "spec_token_masks" in text)
+        ):
             continue
         for node in ast.walk(ast.parse(text)):
             if not isinstance(node, ast.ClassDef):
                 continue
             methods = {n.name: n for n in node.body if isinstance(n, ast.FunctionDef)}
-            core = methods.get("_forward_core")
-            if core is None or _forward_core_params(core) != _CORE_PARAMS:
+            method = _site_method(methods)
+            if method is None:
                 continue
-            if "rearrange_mixed_qkv" not in methods:
-                continue
-            sites.append(GdnSite(path=path, module=_module_name(tree, path), cls=node.name))
+            sites.append(GdnSite(path, _module_name(tree, path), node.name, method))
     sites.sort(key=lambda s: ("qwen" not in s.path.name, str(s.path)))
     return sites
 
@@ -342,7 +367,8 @@ def load_tree(tree: Path, device: str = "cpu", site: GdnSite | None = None) -> L
         if not sites:
             raise HarnessError(
                 f"{tree}: no class with _forward_core(self, {', '.join(_CORE_PARAMS)}) "
-                "that gathers by spec_token_indx (releases before 0.11.1 use _forward)"
+                "that gathers by spec_token_indx, nor one with "
+                f"_forward(self, {', '.join(_FORWARD_PARAMS)}) that masks by spec_token_masks"
             )
         site = sites[0]
     loaded = LoadedTree(

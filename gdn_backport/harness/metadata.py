@@ -131,12 +131,12 @@ def _collect(
 
 
 def metadata_fields(loaded: LoadedTree) -> frozenset[str]:
-    """Every metadata field the tree's ``_forward_core`` path reads."""
+    """Every metadata field the tree's ``_forward_core`` (``_forward``) path reads."""
     assert loaded.layer_class is not None and loaded.module is not None
     layer_class, module = loaded.layer_class, loaded.module
-    core = _parse_function(layer_class._forward_core)  # type: ignore[attr-defined]
+    core = _parse_function(getattr(layer_class, loaded.site.method))
     if core is None:
-        raise HarnessError(f"{loaded.site}: cannot read the source of _forward_core")
+        raise HarnessError(f"{loaded.site}: cannot read the source of {loaded.site.method}")
 
     def resolve(func: ast.expr) -> tuple[Any, bool] | None:
         if (
@@ -235,6 +235,14 @@ def _spec_token_indx(p: MetadataPlan) -> torch.Tensor | None:
     if p.pure_spec:
         return torch.arange(p.num_spec_decode_tokens, dtype=torch.int32, device=p.device)
     return p.tensor(p.batch.spec_token_indx(), torch.int64)
+
+
+def _spec_token_masks(p: MetadataPlan) -> torch.Tensor | None:
+    """Before 0.11.1 (``_forward``): True at the tokens of spec rows."""
+    if not _has_spec(p):
+        return None
+    spec = set(p.batch.spec_token_indx())
+    return p.tensor([t in spec for t in range(p.batch.num_tokens)], torch.bool)
 
 
 def _non_spec_token_indx(p: MetadataPlan) -> torch.Tensor | None:
@@ -389,6 +397,7 @@ _SIMPLE: dict[str, Callable[[MetadataPlan], Any]] = {
     "non_spec_state_indices_tensor": _non_spec_state_indices,
     "spec_sequence_masks": _spec_sequence_masks,
     "spec_token_indx": _spec_token_indx,
+    "spec_token_masks": _spec_token_masks,
     "non_spec_token_indx": _non_spec_token_indx,
     "num_accepted_tokens": _num_accepted,
     "prefill_query_start_loc": _prefill_qsl,
@@ -445,7 +454,7 @@ def _check_feature_off(loaded: LoadedTree, fields: frozenset[str]) -> None:
     bad = [name for name in wanted if defaults.get(name) != "None"]
     if bad:
         raise HarnessError(
-            f"{loaded.site}: _forward_core reads metadata field(s) {', '.join(bad)}, which "
+            f"{loaded.site}: reads metadata field(s) {', '.join(bad)}, which "
             "the harness leaves None (feature off: "
             + "; ".join(FEATURE_OFF_FIELDS[n] for n in bad)
             + "), but the tree's GDNAttentionMetadata does not declare them '= None'"
@@ -460,7 +469,7 @@ def build_metadata(
     unknown = sorted(fields - KNOWN_FIELDS)
     if unknown:
         raise HarnessError(
-            f"{loaded.site}: _forward_core reads metadata field(s) {', '.join(unknown)} "
+            f"{loaded.site}: reads metadata field(s) {', '.join(unknown)} "
             "that the harness does not know how to synthesise"
         )
     _check_feature_off(loaded, fields)

@@ -41,6 +41,7 @@ from gdn_backport.harness.layer import (
     LayerTensors,
     build_layer,
     make_tensors,
+    run_method,
     ssm_layout,
 )
 from gdn_backport.harness.loader import LoadedTree
@@ -117,7 +118,7 @@ class SuiteRunner:
         self.layout = ssm_layout(loaded)
         # Read from the class's source once per runner, not once per step.
         assert loaded.layer_class is not None
-        self.reads = LayerReads.of(loaded.layer_class)
+        self.reads = LayerReads.of(loaded.layer_class, loaded.site.method)
         self.tolerance = TOLERANCES[shape.dtype]
 
     # -- running the tree's method ------------------------------------------
@@ -153,7 +154,7 @@ class SuiteRunner:
         a: torch.Tensor,
         b: torch.Tensor,
     ) -> _StepRun:
-        """One call of the tree's ``_forward_core``; mutates the pools in ``tensors``."""
+        """One call of the tree's site method; mutates the pools in ``tensors``."""
         out = torch.zeros(
             batch.num_tokens,
             self.shape.num_v_heads,
@@ -174,7 +175,7 @@ class SuiteRunner:
                 # NumPy overflow in masked-off interpreter lanes: noise here.
                 warnings.simplefilter("ignore", UserWarning)
                 warnings.simplefilter("ignore", RuntimeWarning)
-                layer._forward_core(qkv, b, a, out)  # type: ignore[operator]
+                run_method(self.loaded, layer, self.shape, qkv, b, a, out)
         return _StepRun(out=out, calls=calls)
 
     # -- inputs ---------------------------------------------------------------
