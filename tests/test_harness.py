@@ -462,3 +462,40 @@ def test_site_discovery_skips_records_and_links(tmp_path: Path) -> None:
     (records / "gdn.py").write_text(_LAYER)
     (pkg / "link.py").symlink_to(pkg / "gdn.py")
     assert [(s.module, s.cls) for s in find_gdn_sites(tmp_path)] == [("vllm.layers.gdn", "Layer")]
+
+
+_KERNEL_MODULE = """
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["N", "M"])
+def kernel(x, N: tl.constexpr, M):
+    pass
+"""
+
+
+def test_constexprs_are_taken_out_of_do_not_specialize(tmp_path: Path) -> None:
+    # Compiled Triton only (the interpreter has no JITFunction): a subprocess
+    # without TRITON_INTERPRET. Triton 3.6 refuses to compile a constexpr
+    # listed in do_not_specialize (0.10.2's fused recurrent kernel has N so).
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "kmod.py").write_text(_KERNEL_MODULE, encoding="utf-8")
+    script = (
+        "import kmod\n"
+        "from gdn_backport.harness.loader import unlist_specialized_constexprs\n"
+        "flags = lambda: [p.do_not_specialize for p in kmod.kernel.params]\n"
+        "before = flags()\n"
+        "print(before, unlist_specialized_constexprs([kmod]), flags())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *sys.path])
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    # N (constexpr) unlisted, M (a plain argument) left as the author asked.
+    assert done.stdout.split() == ["[False,", "True,", "True]", "1", "[False,", "False,", "True]"]

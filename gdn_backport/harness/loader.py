@@ -312,6 +312,18 @@ def install_triton_allocator(device: torch.device) -> bool:
     return True
 
 
+def _triton_objects(modules: Iterable[types.ModuleType]) -> Iterator[Any]:
+    """Every module global and what it wraps: ``@triton.heuristics`` /
+    ``@triton.autotune`` / ``@triton.jit`` nest, so ``.fn`` is followed down."""
+    seen: set[int] = set()
+    for module in modules:
+        for value in list(vars(module).values()):
+            while value is not None and id(value) not in seen:
+                seen.add(id(value))
+                yield value
+                value = getattr(value, "fn", None)
+
+
 def pin_autotuners(modules: Iterable[types.ModuleType]) -> int:
     """Make every Triton autotuner of ``modules`` use its first config only.
 
@@ -327,17 +339,35 @@ def pin_autotuners(modules: Iterable[types.ModuleType]) -> int:
     from triton.runtime.autotuner import Autotuner
 
     pinned = 0
-    seen: set[int] = set()
-    for module in modules:
-        for value in list(vars(module).values()):
-            # @triton.heuristics / @triton.autotune nest: follow .fn down.
-            while value is not None and id(value) not in seen:
-                seen.add(id(value))
-                if isinstance(value, Autotuner) and len(value.configs) > 1:
-                    value.configs = value.configs[:1]
-                    pinned += 1
-                value = getattr(value, "fn", None)
+    for value in _triton_objects(modules):
+        if isinstance(value, Autotuner) and len(value.configs) > 1:
+            value.configs = value.configs[:1]
+            pinned += 1
     return pinned
+
+
+def unlist_specialized_constexprs(modules: Iterable[types.ModuleType]) -> int:
+    """Take ``tl.constexpr`` parameters out of ``do_not_specialize`` lists.
+
+    0.10.2's ``fused_recurrent_gated_delta_rule_fwd_kernel`` lists ``N: tl.constexpr``
+    in ``do_not_specialize``, which the Triton of its day ignored (a constexpr
+    is always specialised) and Triton 3.6 refuses to compile ("marked as
+    constexpr and listed in do_not_specialize"). Dropping the flag compiles
+    what the old Triton compiled. Returns how many parameters were changed.
+    """
+    from triton.runtime.jit import JITFunction
+
+    changed = 0
+    for value in _triton_objects(modules):
+        if not isinstance(value, JITFunction):
+            continue
+        for param in value.params:
+            if param.is_constexpr and (
+                param.do_not_specialize or param.do_not_specialize_on_alignment
+            ):
+                param.do_not_specialize = param.do_not_specialize_on_alignment = False
+                changed += 1
+    return changed
 
 
 def _cpu_device(index: Any = None) -> contextlib.AbstractContextManager[None]:
@@ -389,4 +419,5 @@ def load_tree(tree: Path, device: str = "cpu", site: GdnSite | None = None) -> L
     loaded.layer_class = layer_class
     if not loaded.interpreted:
         pin_autotuners(loaded.modules.values())
+        unlist_specialized_constexprs(loaded.modules.values())
     return loaded
