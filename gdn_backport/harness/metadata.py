@@ -7,9 +7,12 @@ tree's own methods and kernels, e.g. ``causal_conv1d_fn(metadata=...)``).
 
 Each field's value follows the tree's metadata builder
 (``GDNAttentionMetadataBuilder.build``): when spec rows are present every
-non-spec row is a prefill (num_decodes and num_spec_decodes are mutually
-exclusive in every release), the pure-spec fast path uses ``arange`` indices,
-and without spec rows one-token rows sort first and are decodes.
+non-spec row is a prefill (from 0.18.0 the builder reclassifies one-token
+non-spec rows so, making num_decodes and num_spec_decodes mutually
+exclusive; before, such a row was a decode, and the harness, building the
+later form for every release, does not drive that older decode-beside-spec
+branch), the pure-spec fast path uses ``arange`` indices, and without spec
+rows one-token rows sort first and are decodes.
 ``chunk_indices``/``chunk_offsets`` describe the cu_seqlens the chunk kernel
 gets: ``prefill_query_start_loc`` where the method reads it, else
 ``non_spec_query_start_loc``. Fields of features the harness runs switched
