@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,3 +35,21 @@ def release() -> object:
         return sources.release_tree(version)
 
     return get
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``fake(gdn=..., hardware=...)`` puts a fake vLLM install
+    (tests/fake_vllm.py) on sys.path; its plugin loader honours
+    ``VLLM_PLUGINS``, so the caller's environment is kept out."""
+    from tests.fake_vllm import forget_fake, make_site
+
+    def build(**kwargs: Any) -> Path:
+        site = make_site(tmp_path, **kwargs)
+        monkeypatch.syspath_prepend(str(site))
+        return site
+
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    forget_fake()
+    yield build
+    forget_fake()

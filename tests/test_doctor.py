@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,23 +10,10 @@ import pytest
 
 from gdn_backport.cli import main
 from gdn_backport.engine import apply_tree
-from tests.fake_vllm import AFFECTED, FIXED, forget_fake, make_site
+from tests.fake_vllm import AFFECTED, FIXED, forget_fake
 from tests.test_runtime_plugin import UNKNOWN
 
 GDN_FILE = "vllm/model_executor/layers/gdn.py"
-
-
-@pytest.fixture
-def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    def build(**kwargs: Any) -> Path:
-        site = make_site(tmp_path, **kwargs)
-        monkeypatch.syspath_prepend(str(site))
-        return site
-
-    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
-    forget_fake()
-    yield build
-    forget_fake()
 
 
 def doctor(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import types
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 from gdn_backport.codemods.gather_gates import GatherGatesCodemod
 from gdn_backport.runtime import hook, live, plugin
 from gdn_backport.runtime.live import MARKER
-from tests.fake_vllm import AFFECTED, FIXED, forget_fake, make_site
+from tests.fake_vllm import AFFECTED, FIXED, make_site
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,20 +37,6 @@ def _as_layer(function: str) -> str:
 NOT_AFFECTED = _as_layer(GatherGatesCodemod.UNCHANGED[1])
 UNKNOWN = _as_layer(GatherGatesCodemod.REFUSES[2][0])
 REFUSED = _as_layer(GatherGatesCodemod.REFUSES[0][0])
-
-
-@pytest.fixture
-def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """``fake(gdn=..., hardware=...)`` puts a fake vLLM install on sys.path."""
-
-    def build(**kwargs: Any) -> Path:
-        site = make_site(tmp_path, **kwargs)
-        monkeypatch.syspath_prepend(str(site))
-        return site
-
-    forget_fake()
-    yield build
-    forget_fake()
 
 
 def _method() -> Any:
