@@ -61,7 +61,7 @@ def _launch_tensors(executor: Any, meta: dict[str, Any]) -> dict[str, Any]:
 
     args, kwargs = getattr(executor, "_gdn_launch_args", ((), {}))
     names = inspect.getfullargspec(executor.fn).args
-    bound = {**dict(zip(names, args, strict=False))}
+    bound = dict(zip(names, args, strict=False))
     bound.update((k, v) for k, v in kwargs.items() if k in names)
     return {k: v for k, v in bound.items() if k in meta and isinstance(v, torch.Tensor)}
 
