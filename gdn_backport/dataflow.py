@@ -1,17 +1,30 @@
-"""Path-sensitive row-provenance data flow over one function (libcst nodes).
+"""Path-sensitive row-provenance data flow over a function and its helpers (libcst).
 
 The walker executes the function body abstractly: every local name maps to
 the set of :class:`~gdn_backport.provenance.Val` it may hold. An ``if``
 forks the environment and tags what each arm assigns with the arm's
 condition, so a value set in the pure-spec fast path and a value set in the
 mixed branch stay apart and are only ever combined with values from the same
-arm (conditions are keyed by their normalised text and the versions of the
-names they read, so a re-assigned name gives a new condition).
+arm. Conditions are normalised into atoms (``x is not None`` is ``x is
+None`` negated, ``not c`` is ``c`` negated, ``a and b`` holds both), so
+contradicting tests never combine; an arm that contradicts the path so far
+is not walked, and after an early ``return``/``raise`` the other arm's
+condition holds for the rest of the block. ``x is None`` narrows ``x`` in
+each arm: a local staged as ``None`` only takes the arm where it is None.
+
+Calls into helpers of the same tree (``self.method``, module functions,
+functions imported from other modules of the tree, resolved by a
+:class:`Resolver` and never executed) are followed when they can touch the
+spec path: the helper is walked in a new *frame* with its parameters bound
+to the caller's argument values (by position, keyword and default), so a
+kernel call inside it sees the rows the caller selected. Frames nest up to
+:data:`MAX_DEPTH` deep; recursion is cut.
 
 Nothing here knows about vLLM besides the names the patchset gives: which
-attributes are spec/non-spec token indices and state slots. Every call is
-recorded with the values of its arguments; :mod:`gdn_backport.analysis`
-decides which calls are kernels and whether their rows line up.
+attributes are spec/non-spec token indices and state slots, which callees
+are kernels (never followed). Every call is recorded with the values of its
+arguments; :mod:`gdn_backport.analysis` decides which calls are kernels and
+whether their rows line up.
 """
 
 from __future__ import annotations
@@ -19,8 +32,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import libcst as cst
 
@@ -30,6 +44,8 @@ from gdn_backport.provenance import (
     INVERT,
     NO_ASSUME,
     NONE_VAL,
+    NULL_VAL,
+    SELECTORS,
     Assume,
     Prov,
     Val,
@@ -39,6 +55,9 @@ from gdn_backport.provenance import (
 
 Vals = frozenset[Val]
 Env = dict[str, Vals]
+
+# How many helper calls deep a spec path is followed (the entry is depth 0).
+MAX_DEPTH = 4
 
 # Methods and attributes that read shape or placement, never rows.
 _META = frozenset(
@@ -51,7 +70,7 @@ _META = frozenset(
 # What code does with a tensor. A parameter only ever used with these is taken
 # to be a per-token tensor; one with any other attribute (``layer.A_log``,
 # ``metadata.spec_token_indx``) is an object holding weights or metadata.
-_TENSOR_ATTRS = _META | frozenset(
+TENSOR_ATTRS = _META | frozenset(
     {
         "T", "mT", "view", "reshape", "contiguous", "to", "float", "half", "bfloat16",
         "transpose", "split", "chunk", "unsqueeze", "squeeze", "permute", "flatten",
@@ -61,11 +80,15 @@ _TENSOR_ATTRS = _META | frozenset(
         "cpu", "detach", "view_as", "reshape_as", "movedim", "select", "gather", "type",
         "is_floating_point", "any", "all", "max", "min", "abs", "sqrt", "pow", "mul",
         "add", "sub", "div", "unbind", "roll", "flip", "argmax", "long", "int", "bool",
+        "index_copy", "index_fill_", "index_put_", "index_add_", "scatter_", "scatter",
+        "masked_fill_", "masked_scatter_", "new_tensor", "new_full", "cumsum", "repeat_interleave",
     }
 )  # fmt: skip
 # Above this many alternatives a value is no longer worth tracking precisely.
 _MAX_VALS = 256
 _EMPTY = cst.Module(body=[])
+# The condition of an arm no path takes (``x and not x``).
+_NEVER: Assume = frozenset({("<never>", True), ("<never>", False)})
 
 
 def code(node: cst.CSTNode) -> str:
@@ -116,9 +139,57 @@ def index_select_parts(
     )
 
 
+# --- where calls go: the resolver seam ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Where a function's calls resolve: its module and, for a method, its class."""
+
+    module: str  # the resolver's key of the module (its path, or a pseudo name)
+    cls: str | None = None  # qualname of the class holding the method
+    receiver: str | None = None  # the parameter bound to the instance/class (self, cls)
+
+
+@dataclass(frozen=True)
+class Callee:
+    """A function of the tree a call resolves to, ready to be walked."""
+
+    key: tuple[str, str, int]  # (module, qualname, occurrence): identity
+    func: cst.FunctionDef
+    imports: Mapping[str, str]  # its module's imports: local name -> dotted target
+    scope: Scope
+    qualname: str  # Class.method / function, as scan prints it
+    path: str | None  # its file, relative to the tree root
+    line: int  # its ``def`` line
+    bound: bool  # the first parameter takes the receiver (``self.m(...)``)
+    relevant: bool  # its code (or a helper's) names a spec field or a kernel
+
+
+class Resolver(Protocol):
+    def resolve(self, scope: Scope, written: str, resolved: str) -> Callee | None:
+        """The function a call resolves to, or None.
+
+        ``written``: the callee as written (``self.helper``, ``helper``,
+        ``mod.helper``, ``super().helper``); ``resolved``: the same with
+        import aliases applied (``pkg.mod.helper``). Only called for names
+        that are not locals of the calling function."""
+        ...
+
+
+class NoResolver:
+    """No helper is ever followed (one function analysed on its own)."""
+
+    def resolve(self, scope: Scope, written: str, resolved: str) -> Callee | None:
+        return None
+
+
+# --- what the walk records ----------------------------------------------------------
+
+
 @dataclass
 class Def:
-    """One assignment of a local name."""
+    """One assignment of a local name (in one frame)."""
 
     id: int
     name: str
@@ -127,6 +198,10 @@ class Def:
     gather: cst.BaseExpression | None = None  # the spec gather inside value
     alias_of: str | None = None  # ``k = some.kernel``: the callee it names
     param: bool = False  # a parameter of the function
+    frame: int = 0
+    # What the name stands for in conditions across assignments and frames
+    # (``m = md.spec_sequence_masks`` reads as ``<md>.spec_sequence_masks``).
+    canon: str | None = None
 
 
 @dataclass
@@ -136,48 +211,126 @@ class CallRecord:
     path: Assume  # branch conditions under which the call runs
     args: list[tuple[str | None, cst.Arg, Vals]]  # (keyword, arg, values)
     starred: bool  # passes *args/**kwargs: binding unknowable
+    frame: int = 0
+    # The helper this call was followed into (its frame id), if it was.
+    entered: int | None = None
+    # A helper of the tree this call resolves to that was not followed, and why.
+    unfollowed: str | None = None
+    # The receiver values of ``x.method(...)`` (None for plain calls).
+    owner: Vals | None = None
+
+
+@dataclass
+class Frame:
+    """One walk of one function: the entry, or a helper entered from a call."""
+
+    id: int
+    qualname: str
+    path: str | None
+    line: int
+    func: cst.FunctionDef
+    key: tuple[str, str, int]
+    parent: int | None = None  # the calling frame
+    call: CallRecord | None = None  # the call (in ``parent``) that entered it
+    # parameter -> the argument node of ``call`` it is bound to (absent: default)
+    bindings: dict[str, cst.Arg] = field(default_factory=dict)
+    depth: int = 0
 
 
 @dataclass
 class Flow:
-    """What the walk learned about one function."""
+    """What the walk learned about one entry function and its helpers."""
 
     defs: list[Def] = field(default_factory=list)
     calls: list[CallRecord] = field(default_factory=list)
     gathers: list[tuple[cst.BaseExpression, Prov]] = field(default_factory=list)
-    params: list[str] = field(default_factory=list)
+    frames: list[Frame] = field(default_factory=list)
     # Definitions whose rows were gathered by some index somewhere: evidence
     # that a parameter really is a per-token tensor.
     gathered_defs: set[int] = field(default_factory=set)
-    # Environment right after each simple statement line (keyed by id): the
-    # rewriter checks that an inserted line sees the values the call sees.
-    env_after: dict[int, Env] = field(default_factory=dict)
+    # Environment right after each simple statement line, keyed by (frame,
+    # id(statement)): the rewriter checks that an inserted line sees the
+    # values the call sees.
+    env_after: dict[tuple[int, int], Env] = field(default_factory=dict)
+
+    def chain(self, frame: int) -> list[Frame]:
+        """The frames from the entry down to ``frame``."""
+        out = []
+        current: int | None = frame
+        while current is not None:
+            out.append(self.frames[current])
+            current = self.frames[current].parent
+        return out[::-1]
 
 
 class _Terminated(Exception):
     """Raised inside a block after ``return``/``raise``: the path ends there."""
 
 
+@dataclass
+class _FrameState:
+    frame: Frame
+    imports: dict[str, str]
+    scope: Scope
+    returns: list[Val] = field(default_factory=list)
+
+
 class FlowWalker:
-    def __init__(self, fields: Fields, imports: dict[str, str]) -> None:
+    def __init__(
+        self,
+        fields: Fields,
+        imports: Mapping[str, str],
+        resolver: Resolver | None = None,
+        stop: Callable[[str], bool] = lambda name: False,
+    ) -> None:
+        """``stop(callee)``: calls never followed (kernels, benign calls)."""
         self.fields = fields
-        self.imports = imports  # local alias -> imported dotted name
+        self.resolver: Resolver = resolver or NoResolver()
+        self.stop = stop
         self.flow = Flow()
-        self.version: dict[str, int] = {}
+        self.version: dict[tuple[int, str], int] = {}
         self.path: Assume = NO_ASSUME
         self._stmt: cst.CSTNode | None = None
         self._loop = 0
         self._stmt_gathers = 0
+        self._base_imports = dict(imports)
+        self._state: _FrameState | None = None
+
+    @property
+    def state(self) -> _FrameState:
+        assert self._state is not None, "run() first"
+        return self._state
+
+    @property
+    def imports(self) -> dict[str, str]:
+        return self.state.imports
+
+    @property
+    def frame(self) -> int:
+        return self.state.frame.id
 
     # -- entry -------------------------------------------------------------
 
-    def run(self, func: cst.FunctionDef) -> Flow:
+    def run(
+        self,
+        func: cst.FunctionDef,
+        scope: Scope | None = None,
+        qualname: str = "",
+        path: str | None = None,
+        line: int = 0,
+        key: tuple[str, str, int] | None = None,
+    ) -> Flow:
+        """Walk ``func`` as an entry: its tensor parameters hold every row of the step."""
+        qualname = qualname or func.name.value
+        scope = scope or Scope("")
+        frame = Frame(0, qualname, path, line, func, key or (scope.module, qualname, 0))
+        self.flow.frames.append(frame)
+        self._state = _FrameState(frame, dict(self._base_imports), scope)
         env: Env = {}
         params = func.params
-        objects = _object_params(func)
+        objects = _object_params(func) | self._objects_by_helpers(func, scope)
         for p in [*params.posonly_params, *params.params, *params.kwonly_params]:
             name = p.name.value
-            self.flow.params.append(name)
             # A per-token tensor argument of the layer holds every row of the
             # step; ``self`` and other objects hold none.
             # A parameter named like a metadata field carries that field.
@@ -192,7 +345,53 @@ class FlowWalker:
             self._block(func.body, env)
         return self.flow
 
+    def _objects_by_helpers(self, func: cst.FunctionDef, scope: Scope, depth: int = 0) -> set[str]:
+        """Parameters the function hands to a helper of the tree that uses
+        them as objects (``_conv_buffer_view(layer)`` reads ``layer.kv_cache``)."""
+        params = {p.name.value for p in [*func.params.posonly_params, *func.params.params]}
+        params |= {p.name.value for p in func.params.kwonly_params}
+        found: set[str] = set()
+        if depth >= 2:
+            return found
+        for node in walk(func.body):
+            if not isinstance(node, cst.Call):
+                continue
+            passed = [
+                (i, a)
+                for i, a in enumerate(node.args)
+                if isinstance(a.value, cst.Name) and a.value.value in params
+            ]
+            name = dotted(node.func) if passed else None
+            if name is None:
+                continue
+            head, _, rest = name.partition(".")
+            resolved = name
+            if head in self._base_imports:
+                target = self._base_imports[head]
+                resolved = f"{target}.{rest}" if rest else target
+            callee = self.resolver.resolve(scope, name, resolved)
+            if callee is None:
+                continue
+            record = CallRecord(node, resolved, NO_ASSUME, [], any(a.star for a in node.args))
+            record.args = [
+                (a.keyword.value if a.keyword else None, a, frozenset()) for a in node.args
+            ]
+            bound = _bind_params(callee, record)
+            if not isinstance(bound, dict):
+                continue
+            inner = _object_params(callee.func) | self._objects_by_helpers(
+                callee.func, callee.scope, depth + 1
+            )
+            for p, (arg, _) in bound.items():
+                if arg is not None and p in inner and isinstance(arg.value, cst.Name):
+                    found.add(arg.value.value)
+        return found & params
+
     # -- definitions ------------------------------------------------------
+
+    def _bump(self, name: str) -> None:
+        key = (self.frame, name)
+        self.version[key] = self.version.get(key, 0) + 1
 
     def _define(
         self,
@@ -200,24 +399,26 @@ class FlowWalker:
         value: cst.BaseExpression | None,
         stmt: cst.CSTNode,
         prov: Prov,
+        canon: str | None = None,
     ) -> Val:
-        d = Def(len(self.flow.defs), name, stmt, value)
+        d = Def(len(self.flow.defs), name, stmt, value, frame=self.frame, canon=canon)
         self.flow.defs.append(d)
-        self.version[name] = self.version.get(name, 0) + 1
+        self._bump(name)
         return Val(NO_ASSUME, prov, frozenset({d.id}))
 
     def _assign_vals(
         self, env: Env, name: str, value: cst.BaseExpression | None, vals: Vals
     ) -> None:
         assert self._stmt is not None
-        d = Def(len(self.flow.defs), name, self._stmt, value)
+        d = Def(len(self.flow.defs), name, self._stmt, value, frame=self.frame)
         if value is not None:
             d.gather = self._find_gather(value, env)
             callee = dotted(value)
-            if callee is not None:
+            if callee is not None and callee not in ("None", "True", "False"):
                 d.alias_of = self._resolve(callee, env)
+                d.canon = self._canon(value, env)
         self.flow.defs.append(d)
-        self.version[name] = self.version.get(name, 0) + 1
+        self._bump(name)
         env[name] = frozenset(Val(v.assume, v.prov, v.defs | {d.id}) for v in vals)
 
     def _find_gather(self, value: cst.BaseExpression, env: Env) -> cst.BaseExpression | None:
@@ -258,6 +459,87 @@ class FlowWalker:
             return f"{target}.{rest}" if rest else target
         return name
 
+    # -- conditions ---------------------------------------------------------
+
+    def _canon(self, node: cst.BaseExpression, env: Env, depth: int = 0) -> str:
+        """A name for ``node`` that is the same wherever it means the same value.
+
+        A local assigned once from a name or attribute chain stands for that
+        chain, and a helper's parameter for the caller's argument, so
+        ``m = md.spec_sequence_masks; if m is None`` and a helper's
+        ``if md.spec_sequence_masks is not None`` test the same thing.
+        """
+        if isinstance(node, cst.Name):
+            if node.value in ("None", "True", "False"):
+                return node.value
+            vals = env.get(node.value)
+            if vals:
+                latest = {
+                    max((i for i in v.defs if self.flow.defs[i].name == node.value), default=-1)
+                    for v in vals
+                }
+                if len(latest) == 1 and -1 not in latest and depth < 8:
+                    d = self.flow.defs[latest.pop()]
+                    if d.canon is not None:
+                        return d.canon
+                    return f"{d.frame}:{node.value}#{d.id}"
+            return f"{self.frame}:{node.value}@{self.version.get((self.frame, node.value), 0)}"
+        if isinstance(node, cst.Attribute):
+            return f"{self._canon(node.value, env, depth + 1)}.{node.attr.value}"
+        names = sorted({n.value for n in _names_in(node)})
+        versions = ",".join(f"{n}@{self.version.get((self.frame, n), 0)}" for n in names)
+        return f"{self.frame}:{''.join(code(node).split())}|{versions}"
+
+    def _atoms(self, test: cst.BaseExpression, truth: bool, env: Env) -> Assume:
+        """What holds on the arm of ``test`` that is ``truth``, as atoms."""
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            return self._atoms(test.expression, not truth, env)
+        if isinstance(test, cst.BooleanOperation):
+            both = (isinstance(test.operator, cst.And) and truth) or (
+                isinstance(test.operator, cst.Or) and not truth
+            )
+            if both:
+                left = self._atoms(test.left, truth, env)
+                right = self._atoms(test.right, truth, env)
+                # The compound's own atom too: the other arm negates it.
+                whole = frozenset({(self._canon(test, env), truth)})
+                merged = consistent(left, right, whole)
+                # ``x and not x``: an arm no path takes.
+                return merged if merged is not None else _NEVER
+        subject = _none_test(test)
+        if subject is not None:
+            expr, is_none = subject
+            return frozenset({(f"{self._canon(expr, env)} is None", truth == is_none)})
+        return frozenset({(self._canon(test, env), truth)})
+
+    def _narrow(self, test: cst.BaseExpression, truth: bool, env: Env) -> bool:
+        """Narrow a local tested against None on one arm; False if the arm
+        cannot be taken (``x = None; if x is not None: ...``)."""
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            return self._narrow(test.expression, not truth, env)
+        if isinstance(test, cst.BooleanOperation):
+            if (isinstance(test.operator, cst.And) and truth) or (
+                isinstance(test.operator, cst.Or) and not truth
+            ):
+                return self._narrow(test.left, truth, env) and self._narrow(test.right, truth, env)
+            return True
+        subject = _none_test(test)
+        if subject is None or not isinstance(subject[0], cst.Name):
+            return True
+        name = subject[0].value
+        vals = env.get(name)
+        if not vals:
+            return True
+        if truth == subject[1]:
+            # Gathered rows are tensors, never None.
+            keep = frozenset(v for v in vals if v.prov not in (Prov.SPEC, Prov.NONSPEC))
+        else:
+            keep = frozenset(v for v in vals if v.prov is not Prov.NULL)
+        if not keep:
+            return False
+        env[name] = keep
+        return True
+
     # -- statements -------------------------------------------------------
 
     def _block(self, body: cst.BaseSuite | Sequence[cst.CSTNode], env: Env) -> None:
@@ -268,11 +550,16 @@ class FlowWalker:
             stmts = [body]
         else:
             stmts = body  # type: ignore[assignment]
-        for stmt in stmts:
-            self._statement(stmt, env)
+        saved = self.path
+        try:
+            for stmt in stmts:
+                self._statement(stmt, env)
+        finally:
+            # What an early return taught about the path holds to the end of
+            # this block only.
+            self.path = saved
 
     def _statement(self, stmt: cst.CSTNode, env: Env) -> None:
-        self._env = env
         # Gathers recorded from here on belong to this statement.
         self._stmt_gathers = len(self.flow.gathers)
         if isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
@@ -281,7 +568,7 @@ class FlowWalker:
                 for small in stmt.body:
                     self._small(small, env)
             finally:
-                self.flow.env_after[id(stmt)] = dict(env)
+                self.flow.env_after[(self.frame, id(stmt))] = dict(env)
         elif isinstance(stmt, cst.If):
             self._if(stmt, env)
         elif isinstance(stmt, (cst.For, cst.While)):
@@ -321,27 +608,43 @@ class FlowWalker:
                 self._assign_vals(env, small.target.value, None, vals)
         elif isinstance(small, cst.Expr):
             self.ev(small.value, env)
-        elif isinstance(small, (cst.Return, cst.Raise)):
-            value = small.value if isinstance(small, cst.Return) else small.exc
-            if value is not None:
-                self.ev(value, env)
+        elif isinstance(small, cst.Return):
+            vals = self.ev(small.value, env) if small.value is not None else frozenset({NULL_VAL})
+            self._returned(vals)
+            raise _Terminated
+        elif isinstance(small, cst.Raise):
+            if small.exc is not None:
+                self.ev(small.exc, env)
             raise _Terminated
         elif isinstance(small, cst.Assert):
             self.ev(small.test, env)
+            # Past an assert its test holds (``assert x is not None``).
+            self.path = consistent(self.path, self._atoms(small.test, True, env)) or self.path
+            self._narrow(small.test, True, env)
         elif isinstance(small, (cst.Import, cst.ImportFrom)):
             self._local_import(small, env)
+
+    def _returned(self, vals: Vals) -> None:
+        """A helper returns ``vals`` on the current path."""
+        for v in vals:
+            a = consistent(v.assume, self.path)
+            if a is not None:
+                self.state.returns.append(Val(a, v.prov, v.defs))
 
     def _local_import(self, node: cst.Import | cst.ImportFrom, env: Env) -> None:
         if isinstance(node.names, cst.ImportStar):
             return
         module = ""
-        if isinstance(node, cst.ImportFrom) and node.module is not None:
-            module = dotted(node.module) or ""
+        if isinstance(node, cst.ImportFrom):
+            dots = "." * len(node.relative)
+            module = dots + (dotted(node.module) or "" if node.module is not None else "")
         for alias in node.names:
             full = dotted(alias.name) or ""
             asname = alias.asname.name if alias.asname is not None else None
             local = asname.value if isinstance(asname, cst.Name) else full.split(".")[0]
-            self.imports[local] = f"{module}.{full}" if module else full
+            self.imports[local] = (
+                f"{module}.{full}" if module and not module.endswith(".") else module + full
+            )
             env.pop(local, None)
 
     def _bind_target(
@@ -377,12 +680,17 @@ class FlowWalker:
     def _if(self, stmt: cst.If, env: Env) -> None:
         self._stmt = stmt
         self.ev(stmt.test, env)
-        key = self._cond_key(stmt.test)
-        arms: list[tuple[bool, Env | None]] = []
+        arms: list[tuple[Assume, Env | None]] = []
         for truth, body in ((True, stmt.body), (False, stmt.orelse)):
+            cond = self._atoms(stmt.test, truth, env)
             arm = dict(env)
+            path = consistent(self.path, cond)
+            if path is None or not self._narrow(stmt.test, truth, arm):
+                # An arm that contradicts the path so far is never taken.
+                arms.append((cond, None))
+                continue
             saved = self.path
-            self.path = consistent(self.path, frozenset({(key, truth)})) or self.path
+            self.path = path
             try:
                 if isinstance(body, cst.If):
                     self._if(body, arm)
@@ -390,17 +698,24 @@ class FlowWalker:
                     self._block(body.body, arm)
                 elif body is not None:
                     self._block(body, arm)
-                arms.append((truth, arm))
+                arms.append((cond, arm))
             except _Terminated:
-                arms.append((truth, None))
+                arms.append((cond, None))
             finally:
                 self.path = saved
-        self._merge(env, key, arms)
+        self._merge(env, arms)
 
-    def _merge(self, env: Env, key: str, arms: list[tuple[bool, Env | None]]) -> None:
-        live = [(t, a) for t, a in arms if a is not None]
+    def _merge(self, env: Env, arms: list[tuple[Assume, Env | None]]) -> None:
+        live = [(c, a) for c, a in arms if a is not None]
         if not live:
             raise _Terminated
+        if len(live) == 1:
+            # Only one arm falls through: its condition holds from here on.
+            cond, only = live[0]
+            env.clear()
+            env.update(only)
+            self.path = consistent(self.path, cond) or self.path
+            return
         names = set(env).union(*(a for _, a in live))
         for name in names:
             sets = [a.get(name, frozenset()) for _, a in live]
@@ -408,9 +723,9 @@ class FlowWalker:
                 env[name] = sets[0]
                 continue
             merged: set[Val] = set()
-            for (truth, _), vals in zip(live, sets, strict=True):
+            for (cond, _), vals in zip(live, sets, strict=True):
                 for v in vals:
-                    a = consistent(v.assume, frozenset({(key, truth)}))
+                    a = consistent(v.assume, cond)
                     if a is not None:
                         merged.add(Val(a, v.prov, v.defs))
             env[name] = self._cap(merged)
@@ -418,58 +733,63 @@ class FlowWalker:
     def _loop_stmt(self, stmt: cst.For | cst.While, env: Env) -> None:
         self._stmt = stmt
         self._loop += 1
-        key = f"<loop {self._loop}>"
+        key = f"<loop {self.frame}.{self._loop}>"
         body_env = dict(env)
         if isinstance(stmt, cst.For):
             vals = self.ev(stmt.iter, env)
             self._bind_target(stmt.target, stmt.iter, vals, body_env)
         else:
             self.ev(stmt.test, env)
+        saved = self.path
         try:
             self._block(stmt.body, body_env)
-            arms: list[tuple[bool, Env | None]] = [(True, body_env), (False, dict(env))]
+            arms: list[tuple[Assume, Env | None]] = [
+                (frozenset({(key, True)}), body_env),
+                (frozenset({(key, False)}), dict(env)),
+            ]
         except _Terminated:
-            arms = [(False, dict(env))]
+            arms = [(frozenset({(key, False)}), dict(env))]
+        finally:
+            self.path = saved
         if stmt.orelse is not None:
             for _, arm in arms:
                 if arm is not None:
                     self._block(stmt.orelse.body, arm)
-        self._merge(env, key, arms)
+        self._merge(env, arms)
 
     def _try(self, stmt: cst.Try, env: Env) -> None:
         self._stmt = stmt
-        arms: list[tuple[bool, Env | None]] = []
+        self._loop += 1
+        key = f"<try {self.frame}.{self._loop}>"
+        arms: list[tuple[Assume, Env | None]] = []
         body = dict(env)
+        saved = self.path
         try:
             self._block(stmt.body, body)
             if stmt.orelse is not None:
                 self._block(stmt.orelse.body, body)
-            arms.append((True, body))
+            arms.append((frozenset({(key, True)}), body))
         except _Terminated:
-            arms.append((True, None))
-        for i, handler in enumerate(stmt.handlers):
+            arms.append((frozenset({(key, True)}), None))
+        for handler in stmt.handlers:
             arm = dict(env)
+            self.path = saved
             try:
                 self._block(handler.body, arm)
-                arms.append((False, arm))
+                arms.append((frozenset({(key, False)}), arm))
             except _Terminated:
-                arms.append((False, None))
-            del i
-        self._loop += 1
-        self._merge(env, f"<try {self._loop}>", arms)
+                arms.append((frozenset({(key, False)}), None))
+        self.path = saved
+        self._merge(env, arms)
         if stmt.finalbody is not None:
             self._block(stmt.finalbody.body, env)
-
-    def _cond_key(self, test: cst.BaseExpression) -> str:
-        names = sorted({n.value for n in _names_in(test)}, key=lambda n: n)
-        versions = ",".join(f"{n}@{self.version.get(n, 0)}" for n in names)
-        return "".join(code(test).split()) + "|" + versions
 
     # -- expressions ------------------------------------------------------
 
     def ev(self, node: cst.BaseExpression, env: Env) -> Vals:
-        self._env = env
         if isinstance(node, cst.Name):
+            if node.value == "None":
+                return frozenset({NULL_VAL})
             return env.get(node.value, frozenset({NONE_VAL}))
         if isinstance(node, cst.Attribute):
             return self._attribute(node, env)
@@ -484,14 +804,19 @@ class FlowWalker:
             return vals
         if isinstance(node, cst.IfExp):
             self.ev(node.test, env)
-            key = self._cond_key(node.test)
             out: set[Val] = set()
             for truth, arm in ((True, node.body), (False, node.orelse)):
-                for v in self.ev(arm, env):
-                    a = consistent(v.assume, frozenset({(key, truth)}))
+                cond = self._atoms(node.test, truth, env)
+                if consistent(self.path, cond) is None:
+                    continue
+                narrowed = dict(env)
+                if not self._narrow(node.test, truth, narrowed):
+                    continue
+                for v in self.ev(arm, narrowed):
+                    a = consistent(v.assume, cond)
                     if a is not None:
                         out.add(Val(a, v.prov, v.defs))
-            return self._cap(out)
+            return self._cap(out) if out else frozenset({NONE_VAL})
         if isinstance(node, (cst.Lambda, cst.BaseString, cst.Integer, cst.Float)):
             return frozenset({NONE_VAL})
         if isinstance(node, (cst.GeneratorExp, cst.ListComp, cst.SetComp)):
@@ -523,7 +848,6 @@ class FlowWalker:
                 self.ev(cond.test, inner)
             comp = comp.inner_for_in
         parts.append(self.ev(elt, inner))
-        self._env = env
         return self._combine(parts, join)
 
     def _attribute(self, node: cst.Attribute, env: Env) -> Vals:
@@ -534,6 +858,9 @@ class FlowWalker:
         field_prov = self._field(attr)
         if field_prov is not None:
             return frozenset(Val(v.assume, field_prov, v.defs) for v in base)
+        if attr not in TENSOR_ATTRS:
+            # ``layer.conv1d``, ``md.num_prefills``: what an object holds, not rows.
+            return frozenset({NONE_VAL})
         return base
 
     def _field(self, attr: str) -> Prov | None:
@@ -564,6 +891,8 @@ class FlowWalker:
             if base.prov.is_rows:
                 return Prov.CONFLICT  # a second selection: not the upstream shape
             return base.prov
+        if index is Prov.IDX_ALL:
+            return base.prov  # ``x[torch.arange(n)]``: every row, in order
         if index.is_rows or index is Prov.CONFLICT:
             # A per-token mask we cannot name: rows selected unknowably.
             return Prov.CONFLICT if base.prov.is_rows else base.prov
@@ -572,7 +901,6 @@ class FlowWalker:
     def _subscript(self, node: cst.Subscript, env: Env) -> Vals:
         base = self.ev(node.value, env)
         index = self._combine([self._slice_vals(e, env) for e in node.slice], join)
-        self._env = env
         result: set[Val] = set()
         for b in base:
             for i in index:
@@ -591,22 +919,21 @@ class FlowWalker:
         for arg in node.args:
             kw = arg.keyword.value if arg.keyword is not None else None
             arg_vals.append((kw, arg, self.ev(arg.value, env)))
-        self._env = env
         starred = any(a.star for a in node.args)
         name = dotted(func)
         callee = self._resolve(name, env) if name else None
-        self.flow.calls.append(CallRecord(node, callee, self.path, arg_vals, starred))
+        record = CallRecord(node, callee, self.path, arg_vals, starred, self.frame)
+        self.flow.calls.append(record)
         base, index = self._index_select_args(node)
         if base is not None and index is not None:
             bvals, ivals = self.ev(base, env), self.ev(index, env)
-            self._env = env
             result: set[Val] = set()
             for b in bvals:
                 for i in ivals:
                     a = consistent(b.assume, i.assume)
                     if a is not None:
                         prov = self._select(b, i.prov)
-                        if i.prov is Prov.NONE and b.prov.is_rows:
+                        if i.prov in (Prov.NONE, Prov.NULL) and b.prov.is_rows:
                             # Rows picked by an index of unknown origin (a
                             # helper's result, ``getattr(md, "...")``): which
                             # rows is unknown, not "all of them".
@@ -616,27 +943,161 @@ class FlowWalker:
                             self.flow.gathers.append((node, i.prov))
                             self.flow.gathered_defs |= b.defs
             return self._cap(result)
+        if callee is not None and _is_arange(callee):
+            # An identity index: ``x.index_select(0, torch.arange(n))`` keeps
+            # every row (a prefix, read as the kernel reads its first rows).
+            return frozenset({Val(NO_ASSUME, Prov.IDX_ALL)})
+        followed = self._follow(record, func, name, callee, env)
+        if followed is not None:
+            return followed
         if isinstance(func, cst.Attribute):
             if func.attr.value in _META:
                 self.ev(func.value, env)
                 return frozenset({NONE_VAL})
             owner = self.ev(func.value, env)
-            self._env = env
-            if any(v.prov is not Prov.NONE for v in owner):
+            record.owner = owner
+            if any(v.prov not in (Prov.NONE, Prov.NULL) for v in owner):
                 # A method of a tensor (``x.contiguous()``, ``idx.to(...)``)
                 # keeps the tensor's rows whatever its arguments.
                 return owner
         parts = [vals for _, _, vals in arg_vals]
-        return self._combine(parts, join) if parts else frozenset({NONE_VAL})
+        return self._combine(parts, _opaque) if parts else frozenset({NONE_VAL})
+
+    # -- following helpers -------------------------------------------------------
+
+    def _follow(
+        self,
+        record: CallRecord,
+        func: cst.BaseExpression,
+        name: str | None,
+        resolved: str | None,
+        env: Env,
+    ) -> Vals | None:
+        """Walk the helper ``record`` calls, if it is one of the tree's and may
+        touch the spec path; its return values, or None (not followed)."""
+        written: str | None = name
+        if written is None and isinstance(func, cst.Attribute):
+            inner = func.value
+            if (
+                isinstance(inner, cst.Call)
+                and isinstance(inner.func, cst.Name)
+                and inner.func.value == "super"
+            ):
+                written = f"super().{func.attr.value}"
+        if written is None or (resolved is None and not written.startswith("super()")):
+            return None
+        head = written.split(".", 1)[0]
+        scope = self.state.scope
+        if head in env and head != scope.receiver:
+            return None  # a local object's method: not resolvable statically
+        if self.stop(resolved or written):
+            return None
+        target = self.resolver.resolve(scope, written, resolved or written)
+        if target is None:
+            return None
+        carries = any(v.prov in SELECTORS for _, _, vals in record.args for v in vals)
+        if not (target.relevant or carries):
+            return None  # cannot touch the spec path: its result joins its arguments
+        if any(a.star == "*" for a in record.node.args):
+            # Positions past a ``*args`` splat are unknowable: the call is
+            # judged on what it is visibly handed, like any unknown callee.
+            return None
+        why = None
+        if self.state.frame.depth + 1 > MAX_DEPTH:
+            why = f"the call chain is deeper than {MAX_DEPTH} calls"
+        elif any(f.key == target.key for f in self.flow.chain(self.frame)):
+            why = "it calls itself (recursion)"
+        bound = None if why else _bind_params(target, record)
+        if why is None and isinstance(bound, str):
+            why = bound
+        if why is not None or not isinstance(bound, dict):
+            record.unfollowed = f"{target.qualname}: {why}"
+            return None
+        return self._enter(record, target, bound, env)
+
+    def _enter(
+        self,
+        record: CallRecord,
+        target: Callee,
+        bound: dict[str, tuple[cst.Arg | None, cst.BaseExpression | None]],
+        env: Env,
+    ) -> Vals:
+        caller = self.state
+        frame = Frame(
+            len(self.flow.frames),
+            target.qualname,
+            target.path,
+            target.line,
+            target.func,
+            target.key,
+            caller.frame.id,
+            record,
+            {p: arg for p, (arg, _) in bound.items() if arg is not None},
+            caller.frame.depth + 1,
+        )
+        self.flow.frames.append(frame)
+        record.entered = frame.id
+        recorded = {id(arg): vals for _, arg, vals in record.args}
+        # What the helper uses as an object is one, whatever the caller thought.
+        objects = _object_params(target.func)
+        values: dict[str, tuple[Vals, str | None]] = {}
+        if target.bound and target.scope.receiver is not None:
+            owner = record.node.func
+            receiver = owner.value if isinstance(owner, cst.Attribute) else None
+            canon = (
+                self._canon(receiver, env)
+                if isinstance(receiver, (cst.Name, cst.Attribute))
+                else None
+            )
+            values[target.scope.receiver] = (frozenset({NONE_VAL}), canon)
+        for p, (arg, default) in bound.items():
+            if arg is not None:
+                canon = (
+                    self._canon(arg.value, env)
+                    if isinstance(arg.value, (cst.Name, cst.Attribute))
+                    else None
+                )
+                vals = recorded[id(arg)]
+                if p in objects:
+                    vals = frozenset(Val(v.assume, Prov.NONE, v.defs) for v in vals)
+                values[p] = (vals, canon)
+            elif default is not None:
+                is_none = isinstance(default, cst.Name) and default.value == "None"
+                values[p] = (frozenset({NULL_VAL if is_none else NONE_VAL}), None)
+            else:
+                values[p] = (frozenset({NONE_VAL}), None)
+        saved = (self._state, self._stmt, self._stmt_gathers)
+        self._state = _FrameState(frame, dict(target.imports), target.scope)
+        new_env: Env = {}
+        try:
+            for p, (vals, canon) in values.items():
+                d = Def(len(self.flow.defs), p, target.func, None, param=True, frame=frame.id)
+                d.canon = canon
+                self.flow.defs.append(d)
+                self._bump(p)
+                new_env[p] = frozenset(Val(v.assume, v.prov, v.defs | {d.id}) for v in vals)
+            params = target.func.params
+            for star in (params.star_arg, params.star_kwarg):
+                if isinstance(star, cst.Param):
+                    new_env[star.name.value] = frozenset({NONE_VAL})
+            try:
+                self._block(target.func.body, new_env)
+                self._returned(frozenset({NULL_VAL}))  # falls off the end
+            except _Terminated:
+                pass
+            returns = self.state.returns
+        finally:
+            self._state, self._stmt, self._stmt_gathers = saved
+        return self._cap(set(returns)) if returns else frozenset({NULL_VAL})
 
     # -- helpers ------------------------------------------------------------
 
     def _combine(self, parts: Sequence[Vals], fn: Callable[[Iterable[Prov]], Prov]) -> Vals:
         """All consistent combinations of one value from each part."""
-        parts = [p for p in parts if p != frozenset({NONE_VAL})]
+        parts = [p for p in parts if p not in (frozenset({NONE_VAL}), frozenset({NULL_VAL}))]
         if not parts:
             return frozenset({NONE_VAL})
-        if len(parts) == 1:
+        if len(parts) == 1 and fn is join:
             return parts[0]
         total = 1
         for p in parts:
@@ -657,6 +1118,71 @@ class FlowWalker:
         if len(vals) > _MAX_VALS:
             return frozenset({Val(NO_ASSUME, Prov.CONFLICT)})
         return frozenset(vals)
+
+
+def _opaque(provs: Iterable[Prov]) -> Prov:
+    """The rows an unknown call returns: those of its row arguments; but rows
+    handed in together with a gathering index come back selected we cannot
+    say how (``my_gather(a, idx)``), never as all rows."""
+    provs = list(provs)
+    if any(p in GATHERED for p in provs) and any(p.is_rows for p in provs):
+        return Prov.CONFLICT
+    return join(provs)
+
+
+def _is_arange(callee: str) -> bool:
+    return callee in ("torch.arange", "numpy.arange")
+
+
+def _none_test(test: cst.BaseExpression) -> tuple[cst.BaseExpression, bool] | None:
+    """(x, True) for ``x is None``/``x == None``, (x, False) for the negations."""
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
+        return None
+    target = test.comparisons[0]
+    right = target.comparator
+    if not (isinstance(right, cst.Name) and right.value == "None"):
+        return None
+    op = target.operator
+    if isinstance(op, (cst.Is, cst.Equal)):
+        return test.left, True
+    if isinstance(op, (cst.IsNot, cst.NotEqual)):
+        return test.left, False
+    return None
+
+
+def _bind_params(
+    target: Callee, record: CallRecord
+) -> dict[str, tuple[cst.Arg | None, cst.BaseExpression | None]] | str:
+    """Helper parameter -> (the argument bound to it, its default), or why
+    the call cannot be bound (too many positional arguments, an unknown
+    keyword): Python would raise, so the helper is not what runs."""
+    params = target.func.params
+    positional = [*params.posonly_params, *params.params]
+    if target.bound:
+        if not positional:
+            return "a method without a self parameter"
+        positional = positional[1:]
+    kwonly = list(params.kwonly_params)
+    out: dict[str, tuple[cst.Arg | None, cst.BaseExpression | None]] = {
+        p.name.value: (None, p.default) for p in [*positional, *kwonly]
+    }
+    index = 0
+    for keyword, arg, _ in record.args:
+        if arg.star:
+            # ``**options``: the parameters it fills stay unknown objects.
+            continue
+        if keyword is None:
+            if index >= len(positional):
+                if isinstance(params.star_arg, cst.Param):
+                    continue
+                return f"positional argument {index + 1} is beyond its parameters"
+            out[positional[index].name.value] = (arg, positional[index].default)
+            index += 1
+        elif keyword in out:
+            out[keyword] = (arg, out[keyword][1])
+        elif not isinstance(params.star_kwarg, cst.Param):
+            return f"it has no parameter {keyword}"
+    return out
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
@@ -694,7 +1220,7 @@ def _object_params(func: cst.FunctionDef) -> set[str]:
             isinstance(node, cst.Attribute)
             and isinstance(node.value, cst.Name)
             and node.value.value in names
-            and node.attr.value not in _TENSOR_ATTRS
+            and node.attr.value not in TENSOR_ATTRS
         ):
             objects.add(node.value.value)
     return objects

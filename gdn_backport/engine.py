@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import enum
 import glob
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,10 +22,12 @@ from libcst.codemod import SkipFile
 from gdn_backport import __version__, atomic, locate
 from gdn_backport.analysis import Status
 from gdn_backport.codemods import registry
+from gdn_backport.codemods.base import Entry
 from gdn_backport.errors import UsageError
-from gdn_backport.patchset import load
+from gdn_backport.patchset import Patchset, for_tree
 from gdn_backport.records import Record, Records, sha256
-from gdn_backport.scan import Site, read_source, relative, scan_file, scan_text, tree_root
+from gdn_backport.scan import Site, analyse_tree, relative, sites_of, tree_root
+from gdn_backport.sites import TreeAnalysis
 
 # A rewrite parses, regenerates and proves the whole module: about a minute
 # per MiB on one CPU core (5 MiB took 9 minutes). The largest file of any vLLM
@@ -100,13 +102,22 @@ def _diff(rel: str, old: str, new: str) -> str:
     )
 
 
-def _rewrite(strategy: str, path: Path, text: str, root: Path) -> str | None:
+def _rewrite(
+    strategy: str,
+    path: Path,
+    text: str,
+    root: Path,
+    patchset: Patchset,
+    entries: list[Entry],
+) -> str | None:
     """The rewritten source, None if nothing to do; UsageError on refusal.
 
     The same steps as ``libcst.codemod.transform_module``, minus a second
     code generation: the codemod hands back the text it proved.
     """
-    codemod = registry.codemod(strategy, source=text, tree=root)
+    codemod = registry.codemod(
+        strategy, source=text, tree=root, path=path, patchset=patchset, entries=entries
+    )
     try:
         new_tree = codemod.transform_module(cst.parse_module(text))
     except SkipFile:
@@ -125,6 +136,17 @@ def _rewrite(strategy: str, path: Path, text: str, root: Path) -> str | None:
 BeforeWrite = Callable[[Outcome, list[tuple[Path, bytes]]], None]
 
 
+def _entries(analysis: TreeAnalysis, rel: str) -> list[Entry]:
+    """The entry functions whose walks reach a site function of ``rel``."""
+    found: list[Entry] = []
+    for fn, walk in analysis.walks:
+        if any(c.select is not None and c.select.key[0] == rel for c in walk.calls):
+            entry = (fn.module.path, fn.qualname, fn.occurrence)
+            if entry not in found:
+                found.append(entry)
+    return found
+
+
 def apply_tree(
     path: Path,
     strategy: str = "gather",
@@ -132,50 +154,60 @@ def apply_tree(
     *,
     root: Path | None = None,
     before_write: BeforeWrite | None = None,
+    kernels: Sequence[Path] = (),
 ) -> Outcome:
     """``root``: the tree paths and records are relative to, when ``path``
-    is a folder below it (``--installed``: site-packages for ``vllm/``)."""
-    patchset = load()
+    is a folder below it (``--installed``: site-packages for ``vllm/``);
+    ``kernels``: files declaring a fork's own kernels (``--kernels``)."""
+    root = root or tree_root(path)
+    patchset = for_tree(root, kernels)
     if strategy not in patchset.strategies or strategy not in registry.CODEMODS:
         choices = ", ".join(registry.CODEMODS)
         raise UsageError(f"--strategy {strategy}: unknown (choose from {choices})")
-    root = root or tree_root(path)
     out = Outcome(root)
+    analysis = analyse_tree(path, patchset, root=root)
+    before = sites_of(analysis)
+    by_file: dict[str, list[Site]] = {}
+    for s in before:
+        by_file.setdefault(s.path, []).append(s)
     staged: list[tuple[Path, str, bytes, bytes]] = []  # (file, rel, original, new)
-    for file in locate.python_files(path):
-        original, text = read_source(file, patchset)
-        if text is None:
-            continue
-        rel = relative(file, root)
-        before = scan_text(rel, text, patchset, file)
-        unknown = [s for s in before if s.status is Status.UNKNOWN]
+    todo: list[str] = []
+    for rel, sites in by_file.items():
+        unknown = [s for s in sites if s.status is Status.UNKNOWN]
         if unknown:
-            out.refused.append((rel, f"{unknown[0].function}: {unknown[0].reason}"))
-        if unknown or mode is Mode.CHECK or not any(s.status is Status.AFFECTED for s in before):
-            out.changes.extend(SiteChange(s, s, False) for s in before)
-            continue
-        if len(original) > MAX_REWRITE_BYTES:
-            size, limit = len(original) / 2**20, MAX_REWRITE_BYTES / 2**20
-            out.refused.append(
-                (rel, f"{size:.1f} MiB is too large to rewrite (limit {limit:.0f} MiB)")
-            )
-            out.changes.extend(SiteChange(s, s, False) for s in before)
-            continue
-        try:
-            new = _rewrite(strategy, file, text, root)
-        except UsageError as exc:
-            out.refused.append((rel, str(exc).split(": refused: ", 1)[-1]))
-            out.changes.extend(SiteChange(s, s, False) for s in before)
-            continue
-        if new is None or new == text:
-            raise UsageError(f"{file}: the codemod found nothing to rewrite at an affected site")
-        after = scan_text(rel, new, patchset, file)
-        for s in before:
-            out.changes.append(SiteChange(s, _match(after, s), False))
-        out.diff += _diff(rel, text, new)
-        # Keep a UTF-8 byte-order mark (``locate.decode`` strips it to parse).
-        bom = locate.BOM if original.startswith(locate.BOM) else b""
-        staged.append((file, rel, original, bom + new.encode("utf-8")))
+            chain = f" ({unknown[0].chain})" if unknown[0].via else ""
+            out.refused.append((rel, f"{unknown[0].function}{chain}: {unknown[0].reason}"))
+        elif any(s.status is Status.AFFECTED for s in sites):
+            todo.append(rel)
+    if mode is not Mode.CHECK and not out.refused:
+        for rel in todo:
+            file = root / rel
+            original = file.read_bytes()
+            if len(original) > MAX_REWRITE_BYTES:
+                size, limit = len(original) / 2**20, MAX_REWRITE_BYTES / 2**20
+                out.refused.append(
+                    (rel, f"{size:.1f} MiB is too large to rewrite (limit {limit:.0f} MiB)")
+                )
+                continue
+            text = locate.decode(file, original)
+            try:
+                new = _rewrite(strategy, file, text, root, patchset, _entries(analysis, rel))
+            except UsageError as exc:
+                out.refused.append((rel, str(exc).split(": refused: ", 1)[-1]))
+                continue
+            if new is None or new == text:
+                raise UsageError(
+                    f"{file}: the codemod found nothing to rewrite at an affected site"
+                )
+            out.diff += _diff(rel, text, new)
+            # Keep a UTF-8 byte-order mark (``locate.decode`` strips it to parse).
+            bom = locate.BOM if original.startswith(locate.BOM) else b""
+            staged.append((file, rel, original, bom + new.encode("utf-8")))
+    after_sites = before
+    if staged and not out.refused:
+        after_sites = _prove_tree(path, root, patchset, staged, out)
+    for s in before:
+        out.changes.append(SiteChange(s, _match(after_sites, s), False))
     if before_write is not None and staged and not out.refused and mode is not Mode.CHECK:
         before_write(out, [(file, new) for file, _, _, new in staged])
     if out.refused:
@@ -191,6 +223,26 @@ def apply_tree(
         for c in out.changes:
             c.changed = c.site.path in out.written and c.rewritten.status is not c.site.status
     return out
+
+
+def _prove_tree(
+    path: Path,
+    root: Path,
+    patchset: Patchset,
+    staged: list[tuple[Path, str, bytes, bytes]],
+    out: Outcome,
+) -> list[Site]:
+    """The whole tree analysed again with every rewrite in place: no site may
+    be left affected or unknown (a helper shared across files, a caller in
+    another file). Refuses on ``out`` otherwise; the sites after."""
+    overrides = {file: locate.decode(file, new) for file, _, _, new in staged}
+    after = sites_of(analyse_tree(path, patchset, overrides, root=root))
+    for s in after:
+        if s.status in (Status.AFFECTED, Status.UNKNOWN):
+            chain = f" ({s.chain})" if s.via else ""
+            why = f"after the rewrite still {s.status.value}: {s.reason}"
+            out.refused.append((s.path, f"{s.function}{chain}: {why}"))
+    return after
 
 
 def _match(after: list[Site], site: Site) -> Site:
@@ -302,7 +354,6 @@ def revert_tree(path: Path, mode: Mode = Mode.WRITE, *, root: Path | None = None
         original = records.original(rel)
         out.diff += _diff(rel, current.decode("utf-8"), original.decode("utf-8"))
         restore.append((file, rel, current, original))
-    patchset = load()
     if out.refused:
         out.message = "refused: nothing was changed"
         out.diff = ""
@@ -318,9 +369,13 @@ def revert_tree(path: Path, mode: Mode = Mode.WRITE, *, root: Path | None = None
         for rel in wanted:
             records.drop(rel)
         records.save()
-    for file, rel, current, _ in restore:
-        for s in scan_text(rel, locate.decode(file, current), patchset, file):
-            restored = _match(scan_file(file, root, patchset), s)
-            out.changes.append(SiteChange(s, restored, True))
+    # Report the sites of the restored files as they were and are now.
+    patchset = for_tree(root)
+    was = {file: locate.decode(file, current) for file, _, current, _ in restore}
+    sites_was = sites_of(analyse_tree(path, patchset, was, root=root))
+    sites_now = sites_of(analyse_tree(path, patchset, root=root))
+    for s in sites_was:
+        if s.path in out.written:
+            out.changes.append(SiteChange(s, _match(sites_now, s), True))
     out.message = f"restored {len(out.written)} file(s) to their original bytes"
     return out

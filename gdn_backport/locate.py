@@ -61,7 +61,9 @@ def python_files(root: Path) -> Iterator[Path]:
 
 
 def mentions_fields(data: bytes, patchset: Patchset) -> bool:
-    return any(f.encode() in data for f in patchset.fields.spec_index)
+    """The file names a spec-token field (index or state slots)."""
+    fields = patchset.fields
+    return any(f.encode() in data for f in (*fields.spec_index, *fields.spec_state))
 
 
 def decode(path: Path, data: bytes) -> str:
@@ -102,9 +104,13 @@ def module_imports(tree: ast.Module) -> dict[str, str]:
                         a.name if a.asname else a.name.split(".")[0]
                     )
             elif isinstance(node, ast.ImportFrom):
-                module = node.module or ""
+                # Relative imports keep their dots (``.helpers.f``): the
+                # resolver finds them beside the importing module.
+                module = "." * node.level + (node.module or "")
                 for a in node.names:
-                    out[a.asname or a.name] = f"{module}.{a.name}" if module else a.name
+                    out[a.asname or a.name] = (
+                        f"{module}.{a.name}" if module and node.module else module + a.name
+                    )
             elif isinstance(node, (ast.If, ast.Try)):
                 for block in (node.body, node.orelse, getattr(node, "finalbody", [])):
                     walk(block)

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 
 class Prov(enum.Enum):
     NONE = "none"  # not a per-token tensor (weights, metadata, scalars)
+    NULL = "null"  # the constant None (a local "staged" before it is set)
     ALL = "all"  # every token row of the step, in batch order
     SPEC = "spec"  # the rows of the speculative tokens
     NONSPEC = "nonspec"  # the rows of the other tokens
     IDX_SPEC = "idx_spec"  # an index/mask/range selecting the spec tokens
     IDX_NONSPEC = "idx_nonspec"
+    IDX_ALL = "idx_all"  # an identity index (``torch.arange``): selects every row
     STATE_SPEC = "state_spec"  # state-slot indices of the spec requests
     STATE_NONSPEC = "state_nonspec"
     CONFLICT = "conflict"  # mixes row selections: cannot be reasoned about
@@ -33,7 +35,10 @@ class Prov(enum.Enum):
 
 
 _ROWS = {Prov.ALL, Prov.SPEC, Prov.NONSPEC}
-_INDEX = {Prov.IDX_SPEC, Prov.IDX_NONSPEC, Prov.STATE_SPEC, Prov.STATE_NONSPEC}
+_INDEX = {Prov.IDX_SPEC, Prov.IDX_NONSPEC, Prov.IDX_ALL, Prov.STATE_SPEC, Prov.STATE_NONSPEC}
+# Values that select rows or state slots of the spec path: a helper that is
+# handed one of these is followed into (it may gather or call the kernel).
+SELECTORS = frozenset({Prov.IDX_SPEC, Prov.IDX_NONSPEC, Prov.STATE_SPEC, Prov.STATE_NONSPEC})
 
 # Complement of an index: ``~spec_token_masks`` selects the non-spec tokens.
 INVERT = {Prov.IDX_SPEC: Prov.IDX_NONSPEC, Prov.IDX_NONSPEC: Prov.IDX_SPEC}
@@ -86,3 +91,4 @@ class Val:
 
 
 NONE_VAL = Val(NO_ASSUME, Prov.NONE)
+NULL_VAL = Val(NO_ASSUME, Prov.NULL)

@@ -2,16 +2,23 @@
 
 A strategy decides what to insert next to the assignments that select the
 spec rows of q/k/v, and how to change the spec-kernel call (:meth:`SiteCodemod.
-plan_call`). Everything else is here: the analysis of each candidate
-function, the fail-closed rules, the edit itself, and the proof: the
-rewritten module must compile and every rewritten site must analyse as
-aligned, or the codemod fails and nothing is written.
+plan_call`). Everything else is here: the analysis of the module's spec
+paths (their helpers followed, in the module or elsewhere in the tree), the
+fail-closed rules, the edit itself, and the proof: the rewritten module must
+compile and every rewritten site must analyse as aligned, or the codemod
+fails and nothing is written.
+
+The fix goes where the rows are known: into the function that gathers the
+spec rows of q/k/v. When the kernel sits in a helper below it, the gathered
+gate is passed down the chain instead of the raw one, which needs every
+helper in between to only forward the gate (read once, as the argument it
+hands on); the helpers themselves are left untouched.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -20,10 +27,16 @@ import libcst as cst
 from libcst.codemod import Codemod, CodemodContext, SkipFile
 
 from gdn_backport import locate
-from gdn_backport.analysis import SiteAnalysis, SpecCall, Status, analyse
-from gdn_backport.dataflow import Def, Flow, _names_in, walk
-from gdn_backport.patchset import Patchset, load
+from gdn_backport.analysis import SpecCall, Status, Walk
+from gdn_backport.dataflow import Def, Flow, Frame, _names_in, walk
+from gdn_backport.patchset import Patchset, for_tree
 from gdn_backport.provenance import Prov, Val, consistent
+from gdn_backport.resolve import ModuleInfo, TreeIndex
+from gdn_backport.sites import analyse_modules
+from gdn_backport.sites import walk as walk_function
+
+# An entry function of the tree: (its file, or None for the module itself; qualname; occurrence).
+Entry = tuple[Path | None, str, int]
 
 
 class Refusal(Exception):
@@ -51,9 +64,12 @@ def live(vals: frozenset[Val], path: frozenset[tuple[str, bool]]) -> list[Val]:
     return [v for v in vals if consistent(v.assume, path) is not None]
 
 
-def _latest(flow: Flow, defs: frozenset[int], name: str) -> int:
-    """The last definition of ``name`` a value went through (-1: none)."""
-    return max((i for i in defs if flow.defs[i].name == name), default=-1)
+def where(call: SpecCall) -> str:
+    """The site function, and the chain when the kernel sits below it."""
+    assert call.select is not None
+    if call.chained:
+        return f"{call.select.qualname} ({' -> '.join(call.via)})"
+    return call.select.qualname
 
 
 def _reads(expr: cst.BaseExpression | None, name: str) -> bool:
@@ -83,29 +99,48 @@ class Selection:
     kind: str  # "gather" (mixed branch) or "alias" (all rows: pure-spec path)
 
 
-class Planner:
-    """Where and under which names a strategy may add lines to one site."""
+@dataclass
+class Names:
+    """The names of one function, and those the rewrite adds to it."""
 
-    def __init__(self, func: cst.FunctionDef, result: SiteAnalysis) -> None:
-        assert result.flow is not None
+    taken: set[str]
+    fresh: dict[str, str] = field(default_factory=dict)
+
+
+class Planner:
+    """Where and under which names a strategy may add lines to one site:
+    the function of ``frame`` (the one that gathers the spec rows), as one
+    walk (``flow``) saw it."""
+
+    def __init__(self, func: cst.FunctionDef, flow: Flow, frame: Frame, names: Names) -> None:
         self.func = func
-        self.flow = result.flow
-        self.result = result
-        self.taken = {n.value for n in _names_in(func)}
+        self.flow = flow
+        self.frame = frame
+        self.names = names
         self.blocks: dict[int, tuple[cst.IndentedBlock, int]] = {}
-        self.fresh: dict[str, str] = {}
         for node in walk(func):
             if isinstance(node, cst.IndentedBlock):
                 for i, stmt in enumerate(node.body):
                     self.blocks[id(stmt)] = (node, i)
 
+    def _latest(self, defs: frozenset[int], name: str) -> int:
+        """The last definition of ``name`` in this frame a value went through."""
+        return max(
+            (
+                i
+                for i in defs
+                if self.flow.defs[i].name == name and self.flow.defs[i].frame == self.frame.id
+            ),
+            default=-1,
+        )
+
     def defs_at(self, stmt: cst.CSTNode, name: str) -> set[int]:
         """The last definitions of ``name`` that may hold after ``stmt``."""
-        env = self.flow.env_after.get(id(stmt), {})
-        return {_latest(self.flow, v.defs, name) for v in env.get(name, frozenset())}
+        env = self.flow.env_after.get((self.frame.id, id(stmt)), {})
+        return {self._latest(v.defs, name) for v in env.get(name, frozenset())}
 
     def defs_at_call(self, call: SpecCall, vals: frozenset[Val], name: str) -> set[int]:
-        return {_latest(self.flow, v.defs, name) for v in live(vals, call.record.path)}
+        return {self._latest(v.defs, name) for v in live(vals, call.record.path)}
 
     def anchor(self, stmt: cst.CSTNode, reads: list[str]) -> cst.CSTNode:
         """Where to insert after ``stmt``: the end of its run of selection
@@ -128,7 +163,9 @@ class Planner:
         q_param = next(iter(call.rows))
         vals = live(call.rows[q_param], call.record.path)
         closure = frozenset().union(*(v.defs for v in vals))
-        gathers = [self.flow.defs[i] for i in sorted(closure) if self.flow.defs[i].gather]
+        mine = [self.flow.defs[i] for i in sorted(closure)]
+        mine = [d for d in mine if d.frame == self.frame.id]
+        gathers = [d for d in mine if d.gather is not None]
         spec_vars = {d.name for d in gathers}
         if len(spec_vars) != 1:
             raise Refusal(
@@ -137,8 +174,7 @@ class Planner:
             )
         var = spec_vars.pop()
         out: list[Selection] = []
-        for i in sorted(closure):
-            d = self.flow.defs[i]
+        for d in mine:
             if d.name != var or (d.gather is None and _reads(d.value, var)):
                 continue
             if d.gather is not None:
@@ -146,23 +182,47 @@ class Planner:
             elif d.value is not None and not (
                 isinstance(d.value, cst.Name) and d.value.value == "None"
             ):
-                env = self.flow.env_after.get(id(d.stmt), {})
-                provs = {v.prov for v in env.get(var, frozenset()) if i in v.defs}
+                env = self.flow.env_after.get((self.frame.id, id(d.stmt)), {})
+                provs = {v.prov for v in env.get(var, frozenset()) if d.id in v.defs}
                 if provs != {Prov.ALL}:
                     raise Refusal(f"`{var}` is set from rows the analysis cannot name")
                 out.append(Selection(d, "alias"))
         return out
 
+    def passed_arg(self, call: SpecCall, arg: cst.Arg) -> cst.Arg:
+        """The argument of this frame's function that reaches the kernel as
+        ``arg``: ``arg`` itself when the kernel is called here, else the one
+        handed down the chain, through helpers that only forward it."""
+        chain = call.chain
+        here = next(i for i, f in enumerate(chain) if f.id == self.frame.id)
+        for helper in reversed(chain[here + 1 :]):
+            value = arg.value
+            if not (isinstance(value, cst.Name) and value.value in helper.bindings):
+                raise Refusal(
+                    f"{helper.qualname} does not hand its caller's gate straight on "
+                    f"(it passes {code_of(arg.value)})"
+                )
+            param = value.value
+            uses = [n for n in _names_in(helper.func.body) if n.value == param]
+            if len(uses) != 1:
+                raise Refusal(
+                    f"{helper.qualname} uses its parameter `{param}` beyond passing it to "
+                    "the kernel: the gate its caller passes cannot be changed"
+                )
+            arg = helper.bindings[param]
+        return arg
+
     def new_name(self, base: str) -> str:
         """A name unused in the function, the same one for the same base."""
-        if base not in self.fresh:
+        names = self.names
+        if base not in names.fresh:
             name, n = base, 1
-            while name in self.taken:
+            while name in names.taken:
                 n += 1
                 name = f"{base}{n}"
-            self.taken.add(name)
-            self.fresh[base] = name
-        return self.fresh[base]
+            names.taken.add(name)
+            names.fresh[base] = name
+        return names.fresh[base]
 
     def insert(self, plan: Plan, after: Def, target: str, value: cst.BaseExpression) -> None:
         """Plan ``target = value`` after ``after``'s line (or its run)."""
@@ -202,23 +262,6 @@ class _Rewriter(cst.CSTTransformer):
         return edit(updated)  # type: ignore[return-value]
 
 
-def site_functions(
-    tree: cst.Module, patchset: Patchset, text: str | None = None
-) -> tuple[dict[str, str], list[tuple[str, int, cst.FunctionDef]]]:
-    """The module's imports and the functions worth analysing, in order.
-
-    ``text`` is ``tree.code`` when the caller has it (generating it again
-    costs as much as parsing)."""
-    text = tree.code if text is None else text
-    parsed = locate.parse_ast(Path("<module>"), text)
-    wanted = {
-        (c.qualname, c.occurrence)
-        for c in locate.candidates(parsed, text.splitlines(keepends=True), patchset)
-    }
-    funcs = [f for f in locate.index_functions(tree) if (f[0], f[1]) in wanted]
-    return locate.module_imports(parsed), funcs
-
-
 class SiteCodemod(Codemod):
     """Rewrite every affected GDN spec site of a module, or fail closed."""
 
@@ -234,11 +277,22 @@ class SiteCodemod(Codemod):
         context: CodemodContext | None = None,
         source: str | None = None,
         tree: Path | None = None,
+        path: Path | None = None,
+        patchset: Patchset | None = None,
+        entries: Sequence[Entry] | None = None,
     ) -> None:
+        """``source``: the module's text, if the caller has it; ``tree``: the
+        tree it belongs to and ``path`` its file there (its helpers are
+        followed into the tree); ``entries``: the entry functions whose walks
+        reach this module (default: the module's own)."""
         super().__init__(context or CodemodContext())
-        self.source = source  # the module's text, if the caller has it
-        self.tree = tree  # the tree the module belongs to, if known
+        self.source = source
+        self.tree = tree
+        self.path = path
+        self.patchset = patchset
+        self.entries = list(entries) if entries is not None else None
         self.rewritten: str | None = None  # the result's text, once proven
+        self.sites: set[tuple[str, str, int]] = set()  # the site functions rewritten
 
     def plan_call(self, planner: Planner, call: SpecCall, plan: Plan) -> None:
         """Add to ``plan`` what fixes one affected spec call."""
@@ -252,27 +306,60 @@ class SiteCodemod(Codemod):
         # No metadata is used: skip the MetadataWrapper's deep copy of the tree.
         return self.transform_module_impl(tree)
 
+    def _patchset(self) -> Patchset:
+        if self.patchset is None:
+            self.patchset = for_tree(self.tree)
+        return self.patchset
+
+    def _index(self, text: str, overrides: dict[Path, str] | None) -> tuple[TreeIndex, ModuleInfo]:
+        index = TreeIndex(self.tree, self._patchset(), overrides)
+        if self.path is not None and self.tree is not None:
+            return index, index.add(self.path, text)
+        return index, index.add_text("<module>", text)
+
+    def _walks(self, index: TreeIndex, module: ModuleInfo) -> list[Walk]:
+        if self.entries is None:
+            return [w for _, w in analyse_modules(index, [module]).walks]
+        walks = []
+        for path, qualname, occurrence in self.entries:
+            owner = module if path is None or path == self.path else index.module_at(path)
+            fn = owner.function(qualname, occurrence) if owner is not None else None
+            if fn is None:
+                raise Refusal(f"{path}: {qualname} is gone from the analysis")
+            walks.append(walk_function(index, fn))
+        return walks
+
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        patchset = load()
-        imports, funcs = site_functions(tree, patchset, self.source)
+        text = tree.code if self.source is None else self.source
+        index, module = self._index(text, None)
+        module.use_tree(tree)
         plan = Plan()
-        sites: set[tuple[str, int]] = set()
-        for qual, occurrence, func in funcs:
-            result = analyse(func, patchset, imports)
-            if result is None or result.status in (Status.FIXED, Status.NOT_AFFECTED):
-                continue
-            if result.status is Status.UNKNOWN:
-                raise Refusal(f"{qual}: {result.reason}")
-            planner = Planner(func, result)
-            try:
-                for call in result.calls:
-                    if call.status is Status.UNKNOWN:
-                        raise Refusal(call.reason)
-                    if call.status is Status.AFFECTED:
-                        self.plan_call(planner, call, plan)
-            except Refusal as exc:
-                raise Refusal(f"{qual}: {exc}") from exc
-            sites.add((qual, occurrence))
+        planners: dict[tuple[int, int], Planner] = {}
+        names: dict[int, Names] = {}
+        sites: set[tuple[str, str, int]] = set()
+        for w in self._walks(index, module):
+            for call in w.calls:
+                select = call.select
+                assert select is not None
+                if select.key[0] != module.key or call.status in (
+                    Status.FIXED,
+                    Status.NOT_AFFECTED,
+                ):
+                    continue
+                if call.status is Status.UNKNOWN:
+                    raise Refusal(f"{where(call)}: {call.reason}")
+                func = select.func
+                planner = planners.get((id(w.flow), select.id))
+                if planner is None:
+                    shared = names.setdefault(id(func), Names({n.value for n in _names_in(func)}))
+                    planner = planners[(id(w.flow), select.id)] = Planner(
+                        func, w.flow, select, shared
+                    )
+                try:
+                    self.plan_call(planner, call, plan)
+                except Refusal as exc:
+                    raise Refusal(f"{where(call)}: {exc}") from exc
+                sites.add(select.key)
         if not sites:
             raise SkipFile("no affected GDN spec path")
         rewriter = _Rewriter(plan)
@@ -280,25 +367,29 @@ class SiteCodemod(Codemod):
         if rewriter.applied != set(plan.inserts) | set(plan.edits):
             raise Refusal("some planned edits found no place in the tree")
         new_tree = self.finish(new_tree)
-        self.rewritten = self._prove(new_tree, patchset, sites)
+        self.rewritten = self._prove(new_tree, sites)
+        self.sites = sites
         return new_tree
 
-    @staticmethod
-    def _prove(tree: cst.Module, patchset: Patchset, sites: set[tuple[str, int]]) -> str:
-        """Re-analyse the rewritten sites: each must now be aligned. Returns
-        the rewritten text."""
+    def _prove(self, tree: cst.Module, sites: set[tuple[str, str, int]]) -> str:
+        """Walk the rewritten module's spec paths again: every rewritten
+        site must now be aligned. Returns the rewritten text."""
         text = tree.code
         compile(locate.parse_ast(Path("<rewritten>"), text), "<rewritten>", "exec")
-        imports, funcs = site_functions(tree, patchset, text)
+        overrides = {self.path: text} if self.path is not None and self.tree is not None else None
+        index, module = self._index(text, overrides)
         seen = set()
-        for qual, occurrence, func in funcs:
-            if (qual, occurrence) not in sites:
-                continue
-            seen.add((qual, occurrence))
-            result = analyse(func, patchset, imports)
-            if result is None or result.status not in (Status.FIXED, Status.NOT_AFFECTED):
-                got = "no site" if result is None else f"{result.status.value}: {result.reason}"
-                raise Refusal(f"{qual}: the rewrite does not prove aligned ({got})")
+        for w in self._walks(index, module):
+            for call in w.calls:
+                assert call.select is not None
+                if call.select.key not in sites:
+                    continue
+                seen.add(call.select.key)
+                if call.status not in (Status.FIXED, Status.NOT_AFFECTED):
+                    raise Refusal(
+                        f"{where(call)}: the rewrite does not prove aligned "
+                        f"({call.status.value}: {call.reason})"
+                    )
         if seen != sites:
             raise Refusal("a rewritten site disappeared from the analysis")
         return text

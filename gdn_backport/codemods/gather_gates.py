@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import libcst as cst
 
-from gdn_backport.analysis import SpecCall, gate_aligned
+from gdn_backport.analysis import GateUse, SpecCall, gate_aligned
 from gdn_backport.codemods.base import Edit, Plan, Planner, Refusal, SiteCodemod, live
 from gdn_backport.dataflow import index_select_parts
 from gdn_backport.provenance import Prov, Val
@@ -44,6 +44,13 @@ def gate_name(arg: cst.Arg, param: str) -> str:
     if not isinstance(arg.value, cst.Name):
         raise Refusal(f"gate {param} is passed as an expression, not a name")
     return arg.value.value
+
+
+def gate_arg(planner: Planner, call: SpecCall, gate: GateUse) -> tuple[cst.Arg, str]:
+    """The argument (in the site function) that carries ``gate`` to the
+    kernel, and the local name it passes."""
+    arg = planner.passed_arg(call, gate.arg)
+    return arg, gate_name(arg, gate.param)
 
 
 def check_gate(planner: Planner, call: SpecCall, name: str, vals: frozenset[Val]) -> None:
@@ -393,7 +400,7 @@ class GatherGatesCodemod(SiteCodemod):
             # and alias it in the fast path, as upstream does.
             if gate_aligned(call, gate):
                 continue
-            name = gate_name(gate.arg, gate.param)
+            arg, name = gate_arg(planner, call, gate)
             check_gate(planner, call, name, gate.vals)
             new = planner.new_name(f"{name}_spec")
             for sel in planner.selections(call):
@@ -403,7 +410,7 @@ class GatherGatesCodemod(SiteCodemod):
                     planner.insert(plan, d, new, mirror(d.gather, name))
                 else:
                     planner.insert(plan, d, new, cst.Name(name))
-            plan.edits[id(gate.arg)] = _rename_arg(new)
+            plan.edits[id(arg)] = _rename_arg(new)
 
     # Examples, run by tests/test_codemods.py (before -> after; after again ->
     # unchanged; refusals leave the source alone and say why). They are

@@ -149,8 +149,14 @@ class KernelOpCodemod(SiteCodemod):
         self.null_slot_id = null_slot_id
 
     def plan_call(self, planner: Planner, call: SpecCall, plan: Plan) -> None:
-        if call.kernel.name != SWAPPABLE:
+        if call.kernel is None or call.kernel.name != SWAPPABLE:
             raise Refusal(f"only {SWAPPABLE} calls can be swapped for the op")
+        if call.chain[-1].id != planner.frame.id:
+            raise Refusal(
+                f"the kernel is called in {call.chain[-1].qualname}, below the function that "
+                "gathers the q/k/v rows; the op needs the spec token index there: use "
+                "--strategy gather"
+            )
         node = call.record.node
         if any(a.keyword is not None and a.keyword.value in UNSUPPORTED_ARGS for a in node.args):
             raise Refusal(f"the op has no {', '.join(UNSUPPORTED_ARGS)} argument")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import Any
 
 from libcst.codemod import Codemod
 
@@ -13,14 +14,18 @@ from gdn_backport.patchset import load
 CODEMODS = load().codemods
 
 
-def codemod(strategy: str, source: str | None = None, tree: Path | None = None) -> Codemod:
+def codemod(
+    strategy: str, source: str | None = None, tree: Path | None = None, **kwargs: Any
+) -> Codemod:
     """A fresh codemod instance for ``strategy`` (``gather``, ``kernel``);
     ``source``: the text of the module it will be given, ``tree``: the tree
-    that module belongs to (the kernel strategy reads the tree's kernel)."""
+    that module belongs to (the kernel strategy reads the tree's kernel);
+    ``kwargs``: more of :class:`~gdn_backport.codemods.base.SiteCodemod`'s
+    arguments (``path``, ``patchset``, ``entries``)."""
     target = CODEMODS.get(strategy)
     if target is None:
         raise UsageError(f"--strategy {strategy}: no codemod in patchsets/pr51812.toml")
     module, _, name = target.rpartition(".")
     cls = getattr(importlib.import_module(module), name)
-    instance: Codemod = cls(source=source, tree=tree)
+    instance: Codemod = cls(source=source, tree=tree, **kwargs)
     return instance

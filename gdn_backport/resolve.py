@@ -1,0 +1,440 @@
+"""Which function of the tree a call runs, found by reading, never by importing.
+
+A :class:`TreeIndex` knows the modules of one tree it was asked about (each
+read and parsed once, on demand): their functions and classes (with their
+bases), their imports (relative ones too) and their dotted module names. It
+resolves a call as the interpreter would, statically: ``self.m()``,
+``cls.m()`` and ``super().m()`` to the method of the class or of its bases,
+``f()`` to the module's own function, ``mod.f()`` or an imported ``f()`` to
+the function of another module of the same tree. Files outside the tree are
+never read, and nothing is executed.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+
+from gdn_backport import locate
+from gdn_backport.dataflow import MAX_DEPTH, Callee, Scope
+from gdn_backport.errors import UsageError
+from gdn_backport.patchset import Patchset
+
+_DECORATED = {"staticmethod": "staticmethod", "classmethod": "classmethod"}
+
+
+@dataclass
+class FunctionInfo:
+    module: ModuleInfo
+    qualname: str
+    occurrence: int  # how many earlier functions of the module share qualname
+    line: int  # the ``def`` line
+    start: int  # first line, decorators included
+    end: int
+    col: int
+    cls: str | None  # qualname of the class it is a method of
+    kind: str  # function | method | staticmethod | classmethod
+    node: ast.FunctionDef | ast.AsyncFunctionDef
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.module.key, self.qualname, self.occurrence)
+
+    @property
+    def receiver(self) -> str | None:
+        if self.kind not in ("method", "classmethod"):
+            return None
+        args = [*self.node.args.posonlyargs, *self.node.args.args]
+        return args[0].arg if args else None
+
+    @property
+    def scope(self) -> Scope:
+        return Scope(self.module.key, self.cls, self.receiver)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.module.lines[self.start - 1 : self.end])
+
+    def candidate(self) -> locate.Candidate:
+        return locate.Candidate(
+            self.qualname, self.occurrence, self.line, self.start, self.end, self.col
+        )
+
+
+@dataclass
+class ClassInfo:
+    qualname: str
+    bases: list[str]  # as written (``Base``, ``mod.Base``)
+    methods: dict[str, FunctionInfo] = field(default_factory=dict)
+
+
+class ModuleInfo:
+    """One module of the tree: its text, functions, classes and imports."""
+
+    def __init__(self, key: str, text: str, path: Path | None, name: str | None) -> None:
+        self.key = key
+        self.text = text
+        self.path = path
+        self.name = name  # dotted module name (``vllm.x.y``), None when unknown
+        self.lines = text.splitlines(keepends=True)
+        self.tree = locate.parse_ast(path or Path(key), text)
+        self.imports = locate.module_imports(self.tree)
+        self.functions: list[FunctionInfo] = []
+        self.top: dict[str, FunctionInfo] = {}
+        self.classes: dict[str, ClassInfo] = {}
+        self.cst_module: cst.Module | None = None
+        self._cst: dict[tuple[str, int], cst.FunctionDef] = {}
+        self._index()
+
+    def _index(self) -> None:
+        seen: dict[str, int] = {}
+
+        def visit(node: ast.AST, prefix: str, cls: ClassInfo | None) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.ClassDef):
+                    qual = f"{prefix}{child.name}"
+                    info = ClassInfo(qual, [b for b in map(_ast_dotted, child.bases) if b])
+                    self.classes.setdefault(qual, info)
+                    visit(child, f"{qual}.", info)
+                elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    qual = f"{prefix}{child.name}"
+                    occurrence = seen.get(qual, 0)
+                    seen[qual] = occurrence + 1
+                    decorators = {_ast_dotted(d) for d in child.decorator_list}
+                    kind = "function"
+                    if cls is not None:
+                        kind = next((v for k, v in _DECORATED.items() if k in decorators), "method")
+                    fn = FunctionInfo(
+                        self,
+                        qual,
+                        occurrence,
+                        child.lineno,
+                        min([child.lineno, *(d.lineno for d in child.decorator_list)]),
+                        child.end_lineno or child.lineno,
+                        child.col_offset,
+                        cls.qualname if cls is not None else None,
+                        kind,
+                        child,
+                    )
+                    self.functions.append(fn)
+                    if cls is not None:
+                        cls.methods[child.name] = fn  # the last definition wins
+                    elif not prefix:
+                        self.top[child.name] = fn
+                    visit(child, f"{qual}.", None)
+                elif isinstance(child, (ast.stmt, ast.ExceptHandler, ast.match_case)):
+                    visit(child, prefix, cls)
+
+        visit(self.tree, "", None)
+
+    def use_tree(self, module: cst.Module) -> None:
+        """Hand out the functions of ``module`` (the text's own parse): a
+        codemod's edits are keyed by the nodes of the tree it transforms."""
+        self.cst_module = module
+        self._cst = {(q, o): f for q, o, f in locate.index_functions(module)}
+
+    def cst_function(self, fn: FunctionInfo) -> cst.FunctionDef:
+        key = (fn.qualname, fn.occurrence)
+        node = self._cst.get(key)
+        if node is None:
+            node = self._cst[key] = locate.function_node(self.lines, fn.candidate())
+        return node
+
+    def function(self, qualname: str, occurrence: int = 0) -> FunctionInfo | None:
+        for fn in self.functions:
+            if fn.qualname == qualname and fn.occurrence == occurrence:
+                return fn
+        return None
+
+
+def _ast_dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _ast_dotted(node.value)
+        return f"{inner}.{node.attr}" if inner else None
+    return None
+
+
+def ast_callee(call: ast.Call) -> str | None:
+    """The callee of an ``ast`` call as ``resolve`` takes it written."""
+    func = call.func
+    if (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Call)
+        and isinstance(func.value.func, ast.Name)
+        and func.value.func.id == "super"
+    ):
+        return f"super().{func.attr}"
+    return _ast_dotted(func)
+
+
+def _module_name(path: Path) -> str | None:
+    """``a.b.c`` for ``.../a/b/c.py`` where ``a`` and ``b`` are packages."""
+    parts = [] if path.name == "__init__.py" else [path.stem]
+    folder = path.parent
+    while (folder / "__init__.py").is_file():
+        parts.append(folder.name)
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    return ".".join(reversed(parts)) or None
+
+
+class TreeIndex:
+    """The modules of one tree, resolved into each other on demand."""
+
+    def __init__(
+        self,
+        root: Path | None,
+        patchset: Patchset,
+        overrides: Mapping[Path, str] | None = None,
+    ) -> None:
+        self.root = root
+        self._real_root = root.resolve() if root is not None else None
+        self.patchset = patchset
+        self.overrides = {p.resolve(): t for p, t in (overrides or {}).items()}
+        self.modules: dict[str, ModuleInfo] = {}
+        self._by_path: dict[Path, ModuleInfo | None] = {}
+        self._names = patchset.names()
+        self._relevant: dict[tuple[str, str, int], bool] = {}
+
+    # -- modules ----------------------------------------------------------------
+
+    def key_of(self, path: Path) -> str:
+        if self.root is not None:
+            try:
+                return path.relative_to(self.root).as_posix()
+            except ValueError:
+                pass
+        return path.as_posix()
+
+    def add(self, path: Path, text: str) -> ModuleInfo:
+        """A module of the tree, with this text (scan reads the file itself)."""
+        key = path.resolve()
+        cached = self._by_path.get(key)
+        if cached is not None and cached.text == text:
+            return cached
+        text = self.overrides.get(key, text)
+        module = ModuleInfo(self.key_of(path), text, path, _module_name(path))
+        self.modules[module.key] = module
+        self._by_path[key] = module
+        return module
+
+    def add_text(self, key: str, text: str, where: Path | None = None) -> ModuleInfo:
+        """A module known only by its text (one file's source, no tree)."""
+        module = ModuleInfo(key, text, where, None)
+        module.path = None
+        self.modules[key] = module
+        return module
+
+    def _load(self, path: Path) -> ModuleInfo | None:
+        """A module the analysis reaches through an import; None if it is not
+        a readable, parseable file inside the tree."""
+        real = path.resolve()
+        if real in self._by_path:
+            return self._by_path[real]
+        module: ModuleInfo | None = None
+        inside = self._real_root is not None and real.is_relative_to(self._real_root)
+        if inside and (real in self.overrides or path.is_file()):
+            try:
+                text = self.overrides.get(real)
+                if text is None:
+                    data = path.read_bytes()
+                    text = locate.decode(path, data)
+                module = ModuleInfo(self.key_of(path), text, path, _module_name(path))
+                self.modules[module.key] = module
+            except (OSError, UsageError):
+                module = None  # a helper we cannot read is not followed
+        self._by_path[real] = module
+        return module
+
+    def module_at(self, path: Path) -> ModuleInfo | None:
+        """The module of the tree in file ``path`` (read on first use)."""
+        return self._load(path)
+
+    def module_named(self, target: str, near: ModuleInfo) -> ModuleInfo | None:
+        """The module ``target`` (``a.b``, or relative ``.b``/``..b``) names,
+        imported from ``near``."""
+        if near.path is None:
+            return None
+        level = len(target) - len(target.lstrip("."))
+        parts = [p for p in target.lstrip(".").split(".") if p]
+        folder = near.path.parent
+        if level:
+            # ``from .x import f``: x beside this module; each further dot one folder up.
+            for _ in range(level - 1):
+                folder = folder.parent
+        elif near.name is not None:
+            # Absolute: from the folder holding the top package.
+            up = len(near.name.split(".")) - (0 if near.path.name == "__init__.py" else 1)
+            for _ in range(up):
+                folder = folder.parent
+        if not parts:
+            return self._load(folder / "__init__.py")
+        stem = folder.joinpath(*parts)
+        for candidate in (stem.with_suffix(".py"), stem / "__init__.py"):
+            module = self._load(candidate)
+            if module is not None:
+                return module
+        return None
+
+    # -- calls ------------------------------------------------------------------
+
+    def resolve(self, scope: Scope, written: str, resolved: str) -> Callee | None:
+        found = self.resolve_info(scope, written, resolved)
+        if found is None:
+            return None
+        fn, bound = found
+        return Callee(
+            fn.key,
+            fn.module.cst_function(fn),
+            fn.module.imports,
+            fn.scope,
+            fn.qualname,
+            fn.module.key,
+            fn.line,
+            bound,
+            self.relevant(fn),
+        )
+
+    def resolve_info(
+        self, scope: Scope, written: str, resolved: str
+    ) -> tuple[FunctionInfo, bool] | None:
+        """(the function, whether its first parameter takes the receiver)."""
+        module = self.modules.get(scope.module)
+        if module is None:
+            return None
+        if written.startswith("super()."):
+            if scope.cls is None:
+                return None
+            cls = module.classes.get(scope.cls)
+            if cls is None:
+                return None
+            for base in self._bases(module, cls):
+                fn = self._method(base, written.split(".", 1)[1], set())
+                if fn is not None:
+                    return fn, fn.kind != "staticmethod"
+            return None
+        parts = written.split(".")
+        if scope.receiver and scope.cls and len(parts) == 2 and parts[0] == scope.receiver:
+            cls = module.classes.get(scope.cls)
+            fn = self._method((module, cls), parts[1], set()) if cls else None
+            return (fn, fn.kind != "staticmethod") if fn is not None else None
+        if len(parts) == 1 and written == resolved:
+            fn = module.top.get(written)
+            return (fn, False) if fn is not None else None
+        if len(parts) == 2 and parts[0] in module.classes and written == resolved:
+            fn = module.classes[parts[0]].methods.get(parts[1])
+            return (fn, fn.kind == "classmethod") if fn is not None else None
+        return self._imported(module, resolved)
+
+    def _imported(self, module: ModuleInfo, resolved: str) -> tuple[FunctionInfo, bool] | None:
+        level = len(resolved) - len(resolved.lstrip("."))
+        parts = resolved.lstrip(".").split(".")
+        for i in range(len(parts) - 1, -1, -1):
+            target = "." * level + ".".join(parts[:i])
+            if not target:
+                continue
+            other = self.module_named(target, module)
+            if other is None:
+                continue
+            rest = parts[i:]
+            if len(rest) == 1:
+                fn = other.top.get(rest[0])
+                return (fn, False) if fn is not None else None
+            if len(rest) == 2 and rest[0] in other.classes:
+                fn = other.classes[rest[0]].methods.get(rest[1])
+                return (fn, fn.kind == "classmethod") if fn is not None else None
+            return None
+        return None
+
+    def _bases(
+        self, module: ModuleInfo, cls: ClassInfo
+    ) -> Iterator[tuple[ModuleInfo, ClassInfo | None]]:
+        for written in cls.bases:
+            found = self._class(module, written)
+            if found is not None:
+                yield found
+
+    def _class(self, module: ModuleInfo, written: str) -> tuple[ModuleInfo, ClassInfo] | None:
+        if written in module.classes:
+            return module, module.classes[written]
+        head, _, rest = written.partition(".")
+        target = module.imports.get(head)
+        if target is None:
+            return None
+        dotted = f"{target}.{rest}" if rest else target
+        level = len(dotted) - len(dotted.lstrip("."))
+        parts = dotted.lstrip(".").split(".")
+        other = self.module_named("." * level + ".".join(parts[:-1]), module)
+        if other is not None and parts[-1] in other.classes:
+            return other, other.classes[parts[-1]]
+        return None
+
+    def _method(
+        self,
+        where: tuple[ModuleInfo, ClassInfo | None],
+        name: str,
+        seen: set[tuple[str, str]],
+    ) -> FunctionInfo | None:
+        """``name`` looked up on a class and then its bases (depth first)."""
+        module, cls = where
+        if cls is None or (module.key, cls.qualname) in seen or len(seen) > 16:
+            return None
+        seen.add((module.key, cls.qualname))
+        if name in cls.methods:
+            return cls.methods[name]
+        for base in self._bases(module, cls):
+            fn = self._method(base, name, seen)
+            if fn is not None:
+                return fn
+        return None
+
+    def calls(self, fn: FunctionInfo) -> Iterator[FunctionInfo]:
+        """The tree's functions ``fn``'s code calls (read from ``ast``;
+        local rebindings ignored: an over-approximation)."""
+        imports = fn.module.imports
+        for node in ast.walk(fn.node):
+            if not isinstance(node, ast.Call):
+                continue
+            written = ast_callee(node)
+            if written is None:
+                continue
+            head, _, rest = written.partition(".")
+            resolved = written
+            if head in imports and not written.startswith("super()"):
+                resolved = f"{imports[head]}.{rest}" if rest else imports[head]
+            found = self.resolve_info(fn.scope, written, resolved)
+            if found is not None and found[0] is not fn:
+                yield found[0]
+
+    def relevant(self, fn: FunctionInfo, depth: int = 0) -> bool:
+        """``fn``'s code names a spec field or a kernel, or calls a function
+        of the tree that does (up to the depth the analysis follows)."""
+        key = fn.key
+        if key in self._relevant:
+            return self._relevant[key]
+        self._relevant[key] = False  # cuts cycles
+        text = fn.text
+        found = any(name in text for name in self._names)
+        if not found and depth < MAX_DEPTH:
+            found = any(self.relevant(callee, depth + 1) for callee in self.calls(fn))
+        self._relevant[key] = found
+        return found
+
+    def candidates(self, module: ModuleInfo) -> list[FunctionInfo]:
+        """Functions whose code names a spec-token field: where spec paths start."""
+        fields = (*self.patchset.fields.spec_index, *self.patchset.fields.spec_state)
+        # A function named like a kernel is that kernel's own wrapper: its
+        # callers are the spec paths.
+        kernels = self.patchset.kernels
+        return [
+            fn
+            for fn in module.functions
+            if fn.node.name not in kernels and any(f in fn.text for f in fields)
+        ]
