@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 from gdn_backport import __version__, installed, sources, vllm_version
 from gdn_backport.engine import Mode, Outcome, apply_tree, revert_tree
 from gdn_backport.errors import UsageError
+from gdn_backport.patchset import for_tree
 from gdn_backport.report import table
-from gdn_backport.scan import Site, scan_tree
+from gdn_backport.scan import Site, scan_tree, tree_root
 
 if TYPE_CHECKING:
     from gdn_backport import matrix
@@ -47,6 +48,18 @@ def _target(p: argparse.ArgumentParser, write: bool = False) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON document")
 
 
+def _kernels(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--kernels",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="FILE",
+        help="a TOML file of [[kernel]] tables declaring the fork's own kernels "
+        "(added to .gdn-backport.toml / [tool.gdn-backport] in the tree)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gdn-backport", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"gdn-backport {__version__}")
@@ -54,9 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("scan", help="list GDN spec paths: affected / fixed / not_affected")
     _target(p)
+    _kernels(p)
 
     p = sub.add_parser("apply", help="rewrite affected sites in place, print the diff")
     _target(p, write=True)
+    _kernels(p)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 while an affected site remains")
     mode.add_argument("--dry-run", action="store_true", help="print the diff, change nothing")
@@ -164,15 +179,23 @@ def _print_sites(root: Path, sites: Sequence[Site]) -> None:
     if not sites:
         print("no GDN spec path found")
         return
-    rows = [(f"{s.path}:{s.line}", s.function, s.status.value, s.reason) for s in sites]
-    print(table(["site", "function", "status", "reason"], rows))
+    chains = any(s.via for s in sites)
+    rows: list[tuple[str, ...]] = [
+        (f"{s.path}:{s.line}", s.function, s.status.value)
+        + ((s.chain or "-",) if chains else ())
+        + (s.reason,)
+        for s in sites
+    ]
+    head = ["site", "function", "status", *(["via"] if chains else []), "reason"]
+    print(table(head, rows))
 
 
 def _cmd_scan(args: argparse.Namespace) -> int:
     if args.installed:
-        root, sites = installed.scan(installed.locate_vllm())
+        root, sites = installed.scan(installed.locate_vllm(), args.kernels)
     else:
-        root, sites = scan_tree(_resolve(args, write=False))
+        path = _resolve(args, write=False)
+        root, sites = scan_tree(path, for_tree(tree_root(path), args.kernels))
     if args.json:
         version = vllm_version.to_json(vllm_version.detect(root))
         doc = {"tree": str(root), "sites": [s.to_json() for s in sites], "vllm_version": version}
@@ -199,13 +222,16 @@ def _print_outcome(
     else:
         print(f"tree: {out.tree}")
         print(vllm_version.line(version))
-        rows = [
-            (f"{c.site.path}:{c.site.line}", c.site.function, c.site.status.value,
-             c.rewritten.status.value, "yes" if c.changed else "no")
+        chains = any(c.site.via for c in out.changes)
+        rows: list[tuple[str, ...]] = [
+            (f"{c.site.path}:{c.site.line}", c.site.function)
+            + ((c.site.chain or "-",) if chains else ())
+            + (c.site.status.value, c.rewritten.status.value, "yes" if c.changed else "no")
             for c in out.changes
-        ]  # fmt: skip
+        ]
+        head = ["site", "function", *(["via"] if chains else []), "before", "after", "changed"]
         if rows:
-            print(table(["site", "function", "before", "after", "changed"], rows))
+            print(table(head, rows))
         if out.diff:
             print(out.diff, end="" if out.diff.endswith("\n") else "\n")
         print(out.message)
@@ -223,11 +249,13 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     if args.branch or args.allow_dirty:
         raise UsageError("apply: --branch and --allow-dirty go with --commit")
     if args.installed:
-        out, caches = installed.apply(installed.locate_vllm(), args.strategy, mode)
+        out, caches = installed.apply(installed.locate_vllm(), args.strategy, mode, args.kernels)
         code = _print_outcome(out, args.json)
         _warn(installed.caches_warning(out.tree, caches))
     else:
-        out = apply_tree(_resolve(args, write=mode is Mode.WRITE), args.strategy, mode)
+        out = apply_tree(
+            _resolve(args, write=mode is Mode.WRITE), args.strategy, mode, kernels=args.kernels
+        )
         code = _print_outcome(out, args.json)
     # --dry-run previews: affected sites remaining is expected, not a failure.
     return 0 if mode is Mode.DRY_RUN and code == 1 else code

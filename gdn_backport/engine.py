@@ -369,13 +369,16 @@ def revert_tree(path: Path, mode: Mode = Mode.WRITE, *, root: Path | None = None
         for rel in wanted:
             records.drop(rel)
         records.save()
-    # Report the sites of the restored files as they were and are now.
+    # Report the sites of the restored files as they were and are now (the
+    # restore is done: a file that cannot be analysed is just not reported).
     patchset = for_tree(root)
-    was = {file: locate.decode(file, current) for file, _, current, _ in restore}
-    sites_was = sites_of(analyse_tree(path, patchset, was, root=root))
-    sites_now = sites_of(analyse_tree(path, patchset, root=root))
-    for s in sites_was:
-        if s.path in out.written:
-            out.changes.append(SiteChange(s, _match(sites_now, s), True))
+    for file, _, current, _ in restore:
+        try:
+            was = {file: locate.decode(file, current)}
+            sites_was = sites_of(analyse_tree(file, patchset, was, root=root))
+            sites_now = sites_of(analyse_tree(file, patchset, root=root))
+        except UsageError:
+            continue
+        out.changes.extend(SiteChange(s, _match(sites_now, s), True) for s in sites_was)
     out.message = f"restored {len(out.written)} file(s) to their original bytes"
     return out

@@ -26,14 +26,15 @@ from __future__ import annotations
 import glob
 import importlib.util
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gdn_backport import atomic, locate
+from gdn_backport import atomic
 from gdn_backport.engine import Mode, Outcome, apply_tree, revert_tree
 from gdn_backport.errors import UsageError
-from gdn_backport.patchset import load
-from gdn_backport.scan import Site, relative, scan_file
+from gdn_backport.patchset import for_tree
+from gdn_backport.scan import Site, analyse_tree, relative, sites_of
 
 __all__ = [
     "InstalledVllm",
@@ -75,22 +76,23 @@ def locate_vllm() -> InstalledVllm:
     return InstalledVllm(Path(locations[0]).resolve())
 
 
-def scan(inst: InstalledVllm) -> tuple[Path, list[Site]]:
-    patchset = load()
-    sites: list[Site] = []
-    for file in locate.python_files(inst.package):
-        sites.extend(scan_file(file, inst.root, patchset))
-    return inst.root, sites
+def scan(inst: InstalledVllm, kernels: Sequence[Path] = ()) -> tuple[Path, list[Site]]:
+    patchset = for_tree(inst.package, kernels)
+    return inst.root, sites_of(analyse_tree(inst.package, patchset, root=inst.root))
 
 
-def apply(inst: InstalledVllm, strategy: str, mode: Mode) -> tuple[Outcome, list[tuple[Path, str]]]:
+def apply(
+    inst: InstalledVllm, strategy: str, mode: Mode, kernels: Sequence[Path] = ()
+) -> tuple[Outcome, list[tuple[Path, str]]]:
     """The engine's run on ``vllm/``; the bytecode caches it removed."""
 
     def before_write(out: Outcome, staged: list[tuple[Path, bytes]]) -> None:
         if mode is Mode.WRITE:
             check_writable(inst.root, [file for file, _ in staged])
 
-    out = apply_tree(inst.package, strategy, mode, root=inst.root, before_write=before_write)
+    out = apply_tree(
+        inst.package, strategy, mode, root=inst.root, before_write=before_write, kernels=kernels
+    )
     if out.written:
         out.message = (
             f"patched {len(out.written)} file(s); undo with `gdn-backport revert --installed`"

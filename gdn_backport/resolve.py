@@ -20,7 +20,7 @@ from pathlib import Path
 import libcst as cst
 
 from gdn_backport import locate
-from gdn_backport.dataflow import MAX_DEPTH, Callee, Scope
+from gdn_backport.dataflow import MAX_DEPTH, Callee, Resolver, Scope
 from gdn_backport.errors import UsageError
 from gdn_backport.patchset import Patchset
 
@@ -193,8 +193,12 @@ class TreeIndex:
         root: Path | None,
         patchset: Patchset,
         overrides: Mapping[Path, str] | None = None,
+        fallback: Resolver | None = None,
     ) -> None:
+        """``fallback``: asked for the calls the tree's files do not resolve
+        (the live objects of a running process, for the runtime plugin)."""
         self.root = root
+        self.fallback = fallback
         self._real_root = root.resolve() if root is not None else None
         self.patchset = patchset
         self.overrides = {p.resolve(): t for p, t in (overrides or {}).items()}
@@ -288,6 +292,8 @@ class TreeIndex:
     def resolve(self, scope: Scope, written: str, resolved: str) -> Callee | None:
         found = self.resolve_info(scope, written, resolved)
         if found is None:
+            if self.fallback is not None:
+                return self.fallback.resolve(scope, written, resolved)
             return None
         fn, bound = found
         return Callee(

@@ -28,7 +28,7 @@ from libcst.codemod import Codemod, CodemodContext, SkipFile
 
 from gdn_backport import locate
 from gdn_backport.analysis import SpecCall, Status, Walk
-from gdn_backport.dataflow import Def, Flow, Frame, _names_in, walk
+from gdn_backport.dataflow import Def, Flow, Frame, Resolver, _names_in, walk
 from gdn_backport.patchset import Patchset, for_tree
 from gdn_backport.provenance import Prov, Val, consistent
 from gdn_backport.resolve import ModuleInfo, TreeIndex
@@ -280,17 +280,20 @@ class SiteCodemod(Codemod):
         path: Path | None = None,
         patchset: Patchset | None = None,
         entries: Sequence[Entry] | None = None,
+        resolver: Resolver | None = None,
     ) -> None:
         """``source``: the module's text, if the caller has it; ``tree``: the
         tree it belongs to and ``path`` its file there (its helpers are
         followed into the tree); ``entries``: the entry functions whose walks
-        reach this module (default: the module's own)."""
+        reach this module (default: the module's own); ``resolver``: where
+        calls go that the tree does not resolve (a live process's objects)."""
         super().__init__(context or CodemodContext())
         self.source = source
         self.tree = tree
         self.path = path
         self.patchset = patchset
         self.entries = list(entries) if entries is not None else None
+        self.resolver = resolver
         self.rewritten: str | None = None  # the result's text, once proven
         self.sites: set[tuple[str, str, int]] = set()  # the site functions rewritten
 
@@ -312,7 +315,7 @@ class SiteCodemod(Codemod):
         return self.patchset
 
     def _index(self, text: str, overrides: dict[Path, str] | None) -> tuple[TreeIndex, ModuleInfo]:
-        index = TreeIndex(self.tree, self._patchset(), overrides)
+        index = TreeIndex(self.tree, self._patchset(), overrides, self.resolver)
         if self.path is not None and self.tree is not None:
             return index, index.add(self.path, text)
         return index, index.add_text("<module>", text)

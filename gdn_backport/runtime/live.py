@@ -20,11 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import libcst as cst
+
 from gdn_backport import locate
 from gdn_backport.analysis import Status
+from gdn_backport.dataflow import Callee, Scope
 from gdn_backport.errors import UsageError
 from gdn_backport.patchset import Patchset, load
-from gdn_backport.scan import scan_text
+from gdn_backport.resolve import TreeIndex
+from gdn_backport.scan import Site, scan_text, sites_of
+from gdn_backport.sites import analyse_modules
 
 MARKER = "__gdn_backport__"
 # Top-level package names watched: vLLM itself and its plugins (vllm_ascend,
@@ -124,8 +129,94 @@ def unwrap_descriptor(attr: Any) -> Any:
     return attr.__func__ if isinstance(attr, staticmethod | classmethod) else attr
 
 
-def analyse_function(fn: Any, patchset: Patchset | None = None) -> tuple[Status | None, str]:
-    """(status, reason) of the function in effect; None: not a GDN spec path."""
+class LiveResolver:
+    """Calls of a live function resolved on the objects they name now: the
+    class's methods as it holds them (a plugin may have replaced one), the
+    defining module's functions; never executed, only their source read."""
+
+    def __init__(self, patchset: Patchset) -> None:
+        self.names = patchset.names()
+        # scope key -> (the class methods are looked up on, globals, receiver)
+        self.scopes: dict[str, tuple[type | None, dict[str, Any], str | None]] = {}
+
+    def register(self, key: str, owner: type | None, fn: Callable[..., Any]) -> None:
+        code = getattr(fn, "__code__", None)
+        params = code.co_varnames[: code.co_argcount] if isinstance(code, types.CodeType) else ()
+        receiver = params[0] if owner is not None and params else None
+        self.scopes[key] = (owner, getattr(fn, "__globals__", {}), receiver)
+
+    def resolve(self, scope: Scope, written: str, resolved: str) -> Callee | None:
+        known = self.scopes.get(scope.module)
+        if known is None:
+            return None
+        owner, globals_, receiver = known
+        head, _, rest = written.partition(".")
+        target: Any = None
+        bound = False
+        if owner is not None and head == receiver and rest and "." not in rest:
+            target = inspect.getattr_static(owner, rest, None)
+            bound = not isinstance(target, staticmethod)
+        elif written.startswith("super().") and owner is not None:
+            for base in owner.__mro__[1:]:
+                if written[8:] in base.__dict__:
+                    target = base.__dict__[written[8:]]
+                    bound = not isinstance(target, staticmethod)
+                    break
+        elif head not in ("super()",):
+            target = globals_.get(head)
+            for part in rest.split(".") if rest else ():
+                target = (
+                    getattr(target, part, None)
+                    if isinstance(target, type | types.ModuleType)
+                    else None
+                )
+            if isinstance(target, classmethod):
+                bound = True
+        fn = unwrap_descriptor(target)
+        if not isinstance(fn, types.FunctionType):
+            return None
+        try:
+            src = source_of(fn)
+            text, _ = src.context()
+            module = cst.parse_module(text)
+        except (OSError, TypeError, cst.ParserSyntaxError):
+            return None
+        node = _function_in(module)
+        if node is None:
+            return None
+        key = f"<live {fn.__module__}.{fn.__qualname__}>"
+        self.register(key, owner if bound else None, fn)
+        imports = locate.module_imports(ast.parse("".join(src.module_lines)))
+        return Callee(
+            (key, fn.__qualname__, 0),
+            node,
+            imports,
+            Scope(key),
+            fn.__qualname__,
+            src.file,
+            src.first,
+            bound,
+            any(name in text for name in self.names),
+        )
+
+
+def _function_in(module: cst.Module) -> cst.FunctionDef | None:
+    """The function of a :meth:`Source.context` module."""
+    for stmt in reversed(module.body):
+        if isinstance(stmt, cst.FunctionDef):
+            return stmt
+        if isinstance(stmt, cst.If) and isinstance(stmt.body, cst.IndentedBlock):
+            inner = stmt.body.body[0]
+            if isinstance(inner, cst.FunctionDef):
+                return inner
+    return None
+
+
+def analyse_function(
+    fn: Any, patchset: Patchset | None = None, owner: type | None = None
+) -> tuple[Status | None, str]:
+    """(status, reason) of the function in effect (a method of ``owner``),
+    its helpers followed as they are in effect; None: not a GDN spec path."""
     patchset = patchset or load()
     fn = unwrap_descriptor(fn)
     try:
@@ -134,13 +225,26 @@ def analyse_function(fn: Any, patchset: Patchset | None = None) -> tuple[Status 
         return Status.UNKNOWN, f"its source cannot be read ({exc})"
     text, _ = src.context()
     try:
-        sites = scan_text(src.file, text, patchset)
+        sites = live_sites(fn, text, src.file, patchset, owner)
     except UsageError as exc:
         return Status.UNKNOWN, f"its source cannot be analysed ({exc})"
     if not sites:
         return None, "not a GDN spec path"
     site = sites[0]
     return site.status, site.reason
+
+
+def live_resolver(fn: Any, owner: type | None, patchset: Patchset, key: str) -> LiveResolver:
+    resolver = LiveResolver(patchset)
+    resolver.register(key, owner, unwrap_descriptor(fn))
+    return resolver
+
+
+def live_sites(fn: Any, text: str, file: str, patchset: Patchset, owner: type | None) -> list[Site]:
+    """The sites of a live function's :meth:`Source.context` module."""
+    index = TreeIndex(None, patchset, fallback=live_resolver(fn, owner, patchset, file))
+    module = index.add_text(file, text)
+    return sites_of(analyse_modules(index, [module]))
 
 
 def owner_of(cls: type, name: str) -> type | None:
@@ -208,7 +312,7 @@ def live_methods(module: types.ModuleType, patchset: Patchset | None = None) -> 
         owner = owner_of(cls, name) or cls
         attr = owner.__dict__.get(name)
         fn = unwrap_descriptor(attr)
-        status, reason = analyse_function(fn, patchset)
+        status, reason = analyse_function(fn, patchset, owner)
         if status is None:
             if not is_site:
                 continue

@@ -28,7 +28,13 @@ from gdn_backport.analysis import Status
 from gdn_backport.codemods.base import Refusal
 from gdn_backport.codemods.gather_gates import GatherGatesCodemod
 from gdn_backport.patchset import Patchset, load
-from gdn_backport.runtime.live import MARKER, analyse_function, source_of, unwrap_descriptor
+from gdn_backport.runtime.live import (
+    MARKER,
+    analyse_function,
+    live_resolver,
+    source_of,
+    unwrap_descriptor,
+)
 
 STRATEGY = "gather"
 _FACTORY = "__gdn_backport_factory__"
@@ -49,12 +55,16 @@ def _future_flags(code: types.CodeType) -> int:
     return flags
 
 
-def _rewrite_source(fn: types.FunctionType) -> tuple[list[str], int]:
+def _rewrite_source(
+    fn: types.FunctionType, owner: type | None, patchset: Patchset
+) -> tuple[list[str], int]:
     """The rewritten function's lines (indented as in its file) and the
-    line of the original's first line in its file. Refusal if it cannot."""
+    line of the original's first line in its file. Refusal if it cannot.
+    The helpers it calls are followed as ``owner`` and its module hold them."""
     src = source_of(fn)
     text, header = src.context()
-    codemod = GatherGatesCodemod(source=text)
+    resolver = live_resolver(fn, owner, patchset, "<module>")
+    codemod = GatherGatesCodemod(source=text, patchset=patchset, resolver=resolver)
     try:
         codemod.transform_module(cst.parse_module(text))
     except SkipFile as exc:
@@ -111,13 +121,16 @@ def _compile(
     return new
 
 
-def rewrite(fn: Any, path: str, patchset: Patchset | None = None) -> types.FunctionType:
-    """The proven, compiled rewrite of ``fn``; Refusal when it cannot be."""
+def rewrite(
+    fn: Any, path: str, patchset: Patchset | None = None, owner: type | None = None
+) -> types.FunctionType:
+    """The proven, compiled rewrite of ``fn`` (a method of ``owner``);
+    Refusal when it cannot be."""
     patchset = patchset or load()
     original = unwrap_descriptor(fn)
     if not isinstance(original, types.FunctionType):
         raise Refusal(f"{original!r} is not a Python function")
-    new_lines, first = _rewrite_source(original)
+    new_lines, first = _rewrite_source(original, owner, patchset)
     src = source_of(original)
     filename = pseudo_file(patchset, path)
     start = first - 1
@@ -126,7 +139,7 @@ def rewrite(fn: Any, path: str, patchset: Patchset | None = None) -> types.Funct
     # mtime None: linecache.checkcache never drops it (there is no file).
     linecache.cache[filename] = (sum(map(len, module_lines)), None, module_lines, filename)
     new = _compile(original, new_lines, first, filename)
-    status, reason = analyse_function(new, patchset)
+    status, reason = analyse_function(new, patchset, owner)
     if status not in (Status.FIXED, Status.NOT_AFFECTED):
         raise Refusal(f"the compiled rewrite does not prove aligned ({status}: {reason})")
     new.__qualname__ = original.__qualname__

@@ -141,7 +141,7 @@ def _handle(method: LiveMethod, patchset: Patchset) -> None:
         LOGGER.log(level, "gdn-backport: %s: %s, left as it is", what, method.status.value)
         return
     try:
-        new = patch.rewrite(method.function, method.source_path, patchset)
+        new = patch.rewrite(method.function, method.source_path, patchset, method.owner)
     except Refusal as exc:
         LOGGER.error(
             "gdn-backport: %s: affected, and the rewrite was refused: %s; left as it is, "
