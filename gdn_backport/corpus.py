@@ -33,6 +33,7 @@ import io
 import json
 import os
 import shutil
+import textwrap
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -121,9 +122,12 @@ def refused(reason: str) -> Expect:
 class Subject:
     """A module being edited, and helpers to find the parts of its GDN method."""
 
-    def __init__(self, text: str, cls: str) -> None:
+    def __init__(self, text: str, cls: str, layout: Layout | None = None) -> None:
         self.module = _parse(text)
         self.cls = cls
+        self.layout = layout
+        # Other files of the tree the variant adds: tree-relative path -> text.
+        self.files: dict[str, str] = {}
 
     def method(self) -> cst.FunctionDef:
         for node in self.module.body:
@@ -221,6 +225,40 @@ class Subject:
 
     def set_call(self, call: cst.Call, new: cst.Call) -> None:
         self.replace(call, new)
+
+    def cls_node(self) -> cst.ClassDef:
+        for node in self.module.body:
+            if isinstance(node, cst.ClassDef) and node.name.value == self.cls:
+                return node
+        raise CorpusError(f"no class {self.cls}")
+
+    def add_method(self, text: str) -> None:
+        """Append a method (written at class-body indentation) to the class."""
+        cls = self.cls_node()
+        body = cls.body
+        assert isinstance(body, cst.IndentedBlock)
+        method = cst.parse_module(textwrap.dedent(text)).body[0]
+        method = method.with_changes(leading_lines=[cst.EmptyLine()])
+        self.replace(cls, cls.with_changes(body=body.with_changes(body=[*body.body, method])))
+
+    def add_function(self, text: str) -> None:
+        """Put a module-level function right before the class."""
+        cls = self.cls_node()
+        [fn] = _statements(textwrap.dedent(text))
+        fn = fn.with_changes(leading_lines=cls.leading_lines)
+        blank = [cst.EmptyLine(), cst.EmptyLine()]
+        self.replace(cls, cst.FlattenSentinel([fn, cls.with_changes(leading_lines=blank)]))
+
+    def add_import(self, text: str) -> None:
+        """A module-level import line after the kernel's own import."""
+        imp, _ = _kernel_import(self.module)
+        self.insert_after(_line_of(self.module, imp), text)
+
+    def kernel_module(self) -> str:
+        """The dotted module the release imports the spec kernel from."""
+        imp, _ = _kernel_import(self.module)
+        assert imp.module is not None
+        return code(imp.module)
 
 
 @functools.lru_cache(maxsize=4)
@@ -683,7 +721,251 @@ def _untraceable_index(s: Subject) -> None:
     s.replace(line, _statements('spec_token_indx = getattr(attn_metadata, "spec_token_indx")\n')[0])
 
 
+# --- the spec path through helpers (issue 12) ---------------------------------
+
+
+def _spec_kwargs(s: Subject) -> list[str]:
+    """The keyword names of the spec call, in order."""
+    return [a.keyword.value for a in s.spec_call().args if a.keyword is not None]
+
+
+def _call_via(s: Subject, func: str, extra: str = "") -> None:
+    """Call ``func`` instead of the kernel, with the same keyword arguments
+    (plus ``extra``, Python source of more arguments)."""
+    call = s.spec_call()
+    new = call.with_changes(func=cst.parse_expression(func))
+    if extra:
+        more = cst.parse_expression(f"f({extra})")
+        assert isinstance(more, cst.Call)
+        args = list(new.args)
+        args[-1] = args[-1].with_changes(comma=args[-2].comma)
+        last = more.args[-1].with_changes(comma=call.args[-1].comma)
+        new = new.with_changes(args=[*args, *more.args[:-1], last])
+    s.set_call(call, new)
+
+
+def _forward_all(params: list[str], kernel: str = KERNEL) -> str:
+    body = ", ".join(f"{p}={p}" for p in params)
+    return f"{kernel}({body})"
+
+
+def _helper_method(s: Subject) -> None:
+    params = _spec_kwargs(s)
+    s.add_method(
+        f"def _fork_spec_update(self, {', '.join(params)}):\n"
+        f"    # fork: one place to swap the spec kernel\n"
+        f"    return {_forward_all(params)}\n"
+    )
+    _call_via(s, "self._fork_spec_update")
+
+
+def _helper_positional(s: Subject) -> None:
+    # The shape the issue quotes: gates first, q/k/v, slots, positionally.
+    s.add_method(
+        "def _spec_update(self, a, b, q, k, v, state, cu_seqlens, slots, accepted):\n"
+        f"    return {KERNEL}(\n"
+        "        A_log=self.A_log, a=a, b=b, dt_bias=self.dt_bias, q=q, k=k, v=v,\n"
+        "        initial_state=state, inplace_final_state=True, cu_seqlens=cu_seqlens,\n"
+        "        ssm_state_indices=slots, num_accepted_tokens=accepted,\n"
+        "        use_qk_l2norm_in_kernel=True,\n"
+        "    )\n"
+    )
+    call = s.spec_call()
+    arg = {a.keyword.value: code(a.value) for a in call.args if a.keyword is not None}
+    order = ("a", "b", "q", "k", "v", "initial_state", "cu_seqlens", "ssm_state_indices",
+             "num_accepted_tokens")  # fmt: skip
+    new = cst.parse_expression(f"self._spec_update({', '.join(arg[p] for p in order)})")
+    s.set_call(call, cast(cst.Call, new))
+
+
+def _helper_reads_metadata(s: Subject) -> None:
+    # The helper reads the spec state slots from the metadata itself: the
+    # caller never names them (before issue 12: "no GDN spec path found").
+    s.add_method(
+        "def _spec_recurrence(self, query, key, value, a, b, state, md):\n"
+        "    slots = md.spec_state_indices_tensor\n"
+        "    cu_seqlens = md.spec_query_start_loc[: md.num_spec_decodes + 1]\n"
+        f"    return {KERNEL}(\n"
+        "        A_log=self.A_log, a=a, b=b, dt_bias=self.dt_bias,\n"
+        "        q=query, k=key, v=value, initial_state=state,\n"
+        "        inplace_final_state=True, cu_seqlens=cu_seqlens,\n"
+        "        ssm_state_indices=slots, num_accepted_tokens=md.num_accepted_tokens,\n"
+        "        use_qk_l2norm_in_kernel=True,\n"
+        "    )\n"
+    )
+    call = s.spec_call()
+    new = cst.parse_expression(
+        "self._spec_recurrence(query_spec, key_spec, value_spec, a, b, ssm_state, attn_metadata)"
+    )
+    s.set_call(call, cast(cst.Call, new))
+
+
+def _module_function(s: Subject) -> None:
+    params = [p for p in _spec_kwargs(s) if p not in ("A_log", "dt_bias")]
+    body = ", ".join(["A_log=layer.A_log", "dt_bias=layer.dt_bias", *(f"{p}={p}" for p in params)])
+    s.add_function(
+        f"def _gdn_spec_update(layer, {', '.join(params)}):\n    return {KERNEL}({body})\n"
+    )
+    call = s.spec_call()
+    drop = ("A_log", "dt_bias")
+    args = [a for a in call.args if a.keyword is None or a.keyword.value not in drop]
+    args[-1] = args[-1].with_changes(comma=call.args[-1].comma)
+    layer = cst.Arg(cst.Name("self"), comma=call.args[0].comma)
+    s.set_call(call, call.with_changes(func=cst.Name("_gdn_spec_update"), args=[layer, *args]))
+
+
+def _two_levels(s: Subject) -> None:
+    params = _spec_kwargs(s)
+    s.add_function(
+        f"def _gdn_spec_kernel({', '.join(params)}):\n    return {_forward_all(params)}\n"
+    )
+    s.add_method(
+        f"def _spec_path(self, {', '.join(params)}):\n"
+        f"    return _gdn_spec_kernel({', '.join(f'{p}={p}' for p in params)})\n"
+    )
+    _call_via(s, "self._spec_path")
+
+
+def _two_callers(s: Subject) -> None:
+    _helper_method(s)
+    # A second caller (a fork's spec-only entry) that gathers q/k/v itself
+    # and hands the helper raw gates too: both must be patched in one run.
+    s.add_method(
+        "def _fork_spec_only(self, mixed_qkv, b, a, attn_metadata):\n"
+        "    spec_token_indx = attn_metadata.spec_token_indx\n"
+        "    mixed_qkv_spec = mixed_qkv.index_select(0, spec_token_indx)\n"
+        "    query_spec, key_spec, value_spec = self.rearrange_mixed_qkv(mixed_qkv_spec)\n"
+        "    out, _ = self._fork_spec_update(\n"
+        "        A_log=self.A_log, a=a, b=b, dt_bias=self.dt_bias,\n"
+        "        q=query_spec, k=key_spec, v=value_spec,\n"
+        "        initial_state=self.kv_cache[1], inplace_final_state=True,\n"
+        "        cu_seqlens=attn_metadata.spec_query_start_loc,\n"
+        "        ssm_state_indices=attn_metadata.spec_state_indices_tensor,\n"
+        "        num_accepted_tokens=attn_metadata.num_accepted_tokens,\n"
+        "        use_qk_l2norm_in_kernel=True,\n"
+        "    )\n"
+        "    return out\n"
+    )
+
+
+def _helper_fixed(s: Subject) -> None:
+    # Fixed by hand in the caller; the helper receives gathered gates.
+    _hand_fix(
+        s,
+        "a_sd = a\nb_sd = b\n",
+        "a_sd = a.index_select(0, spec_token_indx)\nb_sd = b.index_select(0, spec_token_indx)\n",
+        "a_sd",
+        "b_sd",
+    )
+    _helper_method(s)
+
+
+def _helper_forwards_badly(s: Subject) -> None:
+    # The helper also reads the gate for something else: the caller's gate
+    # cannot be swapped for a gathered one without changing that.
+    params = _spec_kwargs(s)
+    s.add_method(
+        f"def _fork_spec_update(self, {', '.join(params)}):\n"
+        "    self.fork_gate_rows = a.shape[0]\n"
+        f"    return {_forward_all(params)}\n"
+    )
+    _call_via(s, "self._fork_spec_update")
+
+
+def _imported_helper(s: Subject) -> None:
+    # The helper lives in another module of the tree (a fork's ops file).
+    params = _spec_kwargs(s)
+    s.files["vllm/model_executor/layers/mamba/ops/fork_spec.py"] = (
+        f'"""A fork\'s spec-decode entry point (written for the corpus)."""\n\n'
+        f"from {s.kernel_module()} import {KERNEL}\n\n\n"
+        f"def fork_spec_update({', '.join(params)}):\n"
+        f"    return {_forward_all(params)}\n"
+    )
+    s.add_import("from vllm.model_executor.layers.mamba.ops.fork_spec import fork_spec_update\n")
+    _call_via(s, "fork_spec_update")
+
+
+def _fork_kernel(s: Subject) -> None:
+    # A fork-only kernel: a name the tool cannot see into (here bound at
+    # module level to the real kernel, so the suite can run it).
+    imp, _ = _kernel_import(s.module)
+    s.insert_after(_line_of(s.module, imp), f"fork_gdn_spec_kernel = {KERNEL}\n")
+    _call_via(s, "fork_gdn_spec_kernel")
+
+
+FORK_KERNEL_DECLARATION = (
+    "# The fork declares its own kernel (written for the corpus).\n"
+    "[[kernel]]\n"
+    'name = "fork_gdn_spec_kernel"\n'
+    'params = ["A_log", "a", "b", "dt_bias", "q", "k", "v", "initial_state", "inplace_final_state",\n'
+    '          "cu_seqlens", "ssm_state_indices", "num_accepted_tokens", "use_qk_l2norm_in_kernel"]\n'
+    'rows = ["q", "k", "v"]\n'
+    'gates = ["a", "b"]\n'
+    'state_indices = "ssm_state_indices"\n'
+    'accepted = "num_accepted_tokens"\n'
+    "fix_target = true\n"
+)
+
+
+def _fork_kernel_declared(s: Subject) -> None:
+    _fork_kernel(s)
+    s.files[".gdn-backport.toml"] = FORK_KERNEL_DECLARATION
+
+
+def _none_guard(s: Subject) -> None:
+    # Gates staged through locals that start as None, set under a guard.
+    s.insert_before(
+        s.body_start(),
+        "a_gate = None\nb_gate = None\n"
+        "if a_gate is None:\n    a_gate = a\n"
+        "if b_gate is None:\n    b_gate = b\n",
+    )
+    call = s.spec_call()
+    s.set_call(call, _set_arg(_set_arg(call, "a", "a_gate"), "b", "b_gate"))
+
+
+def _contradicting_branches(s: Subject) -> None:
+    # A gate None on the branch that never meets the spec path.
+    s.insert_after(
+        s.assignment("spec_sequence_masks", "spec_sequence_masks"),
+        "if spec_sequence_masks is None:\n    a_sd, b_sd = None, None\n"
+        "else:\n    a_sd, b_sd = a, b\n",
+    )
+    call = s.spec_call()
+    s.set_call(call, _set_arg(_set_arg(call, "a", "a_sd"), "b", "b_sd"))
+
+
+def _contradicting_fixed(s: Subject) -> None:
+    # Fixed by hand, the gates None where there is no spec path.
+    test = code(s.fast_path().test)
+    s.insert_before(
+        s.statement_of(s.spec_call()),
+        f"if spec_sequence_masks is None:\n    a_sd = b_sd = None\n"
+        f"elif {test}:\n    a_sd, b_sd = a, b\n"
+        "else:\n"
+        "    a_sd = a.index_select(0, spec_token_indx)\n"
+        "    b_sd = b.index_select(0, spec_token_indx)\n",
+    )
+    call = s.spec_call()
+    s.set_call(call, _set_arg(_set_arg(call, "a", "a_sd"), "b", "b_sd"))
+
+
+def _identity_index(s: Subject) -> None:
+    # The fork builds the spec index itself when the metadata has none.
+    s.insert_after(
+        s.assignment("spec_token_indx", "attn_metadata.spec_token_indx"),
+        "if spec_token_indx is None:\n"
+        "    spec_token_indx = torch.arange(mixed_qkv.shape[0], device=mixed_qkv.device)\n",
+    )
+
+
+def _identity_index_always_gather(s: Subject) -> None:
+    _identity_index(s)
+    _no_fast_path(s)
+
+
 UNKNOWN_WRAPPER = "not a known kernel"
+CHAINED = "use --strategy gather"
 VARIANTS: tuple[Variant, ...] = (
     Variant("release", "the method as released", _release, PATCHED, PATCHED),
     Variant(
@@ -847,8 +1129,8 @@ VARIANTS: tuple[Variant, ...] = (
         "wrapper_function",
         "the kernel behind a module-level wrapper taking **kwargs",
         _wrapper_function,
-        refused(UNKNOWN_WRAPPER),
-        refused(UNKNOWN_WRAPPER),
+        refused("*args/**kwargs"),
+        refused("*args/**kwargs"),
     ),
     Variant(
         "lambda_wrapper",
@@ -893,6 +1175,121 @@ VARIANTS: tuple[Variant, ...] = (
         refused("cannot be traced"),
         refused("cannot be traced"),
     ),
+    Variant(
+        "helper_method",
+        "the spec kernel behind a method of the layer taking the call's keywords",
+        _helper_method,
+        PATCHED,
+        refused(CHAINED),
+    ),
+    Variant(
+        "helper_positional",
+        "`self._spec_update(a, b, q, k, v, state, cu, slots, accepted)`, positional",
+        _helper_positional,
+        PATCHED,
+        refused(CHAINED),
+    ),
+    Variant(
+        "helper_reads_metadata",
+        "a helper method reading the spec state slots from the metadata itself",
+        _helper_reads_metadata,
+        PATCHED,
+        refused(CHAINED),
+    ),
+    Variant(
+        "module_function",
+        "the spec kernel behind a module-level function of the same file",
+        _module_function,
+        PATCHED,
+        refused(CHAINED),
+    ),
+    Variant(
+        "two_levels",
+        "a method calling a module function calling the kernel",
+        _two_levels,
+        PATCHED,
+        refused(CHAINED),
+    ),
+    Variant(
+        "two_callers",
+        "a helper method with a second caller passing raw gates: both patched",
+        _two_callers,
+        PATCHED,
+        refused(CHAINED),
+    ),
+    Variant(
+        "helper_fixed",
+        "fixed by hand in the caller; the helper receives gathered gates",
+        _helper_fixed,
+        FIXED,
+        FIXED,
+    ),
+    Variant(
+        "helper_reads_gate",
+        "the helper also reads its gate parameter: the gate cannot be swapped",
+        _helper_forwards_badly,
+        refused("beyond passing it to the kernel"),
+        refused(CHAINED),
+    ),
+    Variant(
+        "imported_helper",
+        "the spec kernel behind a function of another module of the tree",
+        _imported_helper,
+        PATCHED,
+        refused(CHAINED),
+    ),
+    Variant(
+        "fork_kernel",
+        "a fork-only kernel name the tool cannot see into, undeclared",
+        _fork_kernel,
+        refused("declare it"),
+        refused("declare it"),
+    ),
+    Variant(
+        "fork_kernel_declared",
+        "the same fork kernel, declared in the tree's .gdn-backport.toml",
+        _fork_kernel_declared,
+        PATCHED,
+        refused("can be swapped for the op"),
+    ),
+    Variant(
+        "none_guard",
+        "gates staged through locals that start as None, set under `is None` guards",
+        _none_guard,
+        PATCHED,
+        PATCHED,
+    ),
+    Variant(
+        "contradicting_branches",
+        "gates None where spec_sequence_masks is None, raw in the spec branch",
+        _contradicting_branches,
+        PATCHED,
+        PATCHED,
+    ),
+    Variant(
+        "contradicting_fixed",
+        "fixed by hand, the gates None where there is no spec path",
+        _contradicting_fixed,
+        FIXED,
+        FIXED,
+    ),
+    Variant(
+        "identity_index",
+        "the spec index built with torch.arange when the metadata has none",
+        _identity_index,
+        PATCHED,
+        PATCHED,
+    ),
+    Variant(
+        "identity_index_always_gather",
+        "a local torch.arange index and no fast path: always gathered",
+        _identity_index_always_gather,
+        PATCHED,
+        PATCHED,
+        skip=("pure_spec",),
+        why_skip="without the fast path the fork copies q/k/v and gates in pure-spec "
+        "batches too; pure_spec checks upstream's zero-copy aliasing",
+    ),
 )
 
 
@@ -912,7 +1309,13 @@ def variant(name: str) -> Variant:
 
 def variant_source(original: str, lay: Layout, var: Variant) -> str:
     """The GDN module's text with ``var`` applied to its ``_forward_core``."""
-    subject = Subject(original, lay.cls)
+    return variant_files(original, lay, var)[0]
+
+
+def variant_files(original: str, lay: Layout, var: Variant) -> tuple[str, dict[str, str]]:
+    """The GDN module's text with ``var`` applied, and the other files it
+    adds to the tree (tree-relative path -> text)."""
+    subject = Subject(original, lay.cls, lay)
     var.mutate(subject)
     text = subject.module.code
     if var.mutate is not _release and text == original:
@@ -921,7 +1324,7 @@ def variant_source(original: str, lay: Layout, var: Variant) -> str:
         ast.parse(text)
     except SyntaxError as exc:
         raise CorpusError(f"{var.name}: the variant does not parse: {exc}") from exc
-    return text
+    return text, subject.files
 
 
 # --- the runner ------------------------------------------------------------------
@@ -1012,6 +1415,19 @@ def _site(doc: dict[str, object], rel: str, cls: str) -> dict[str, object] | Non
     return None
 
 
+def _variant_into(
+    tree: Path, lay: Layout, var: Variant, source: str | None = None
+) -> tuple[str, dict[str, str]]:
+    """Write the variant (and the files it adds) into a copy of the release."""
+    target = tree / lay.path
+    text, files = variant_files(target.read_text(encoding="utf-8"), lay, var)
+    target.write_text(source if source is not None else text, encoding="utf-8")
+    for rel, content in files.items():
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(content, encoding="utf-8")
+    return source if source is not None else text, files
+
+
 def run_case(
     base: Path,
     lay: Layout,
@@ -1035,9 +1451,7 @@ def run_case(
     tree = work / res.id
     shutil.copytree(base, tree, symlinks=True)
     target = tree / lay.path
-    if source is None:
-        source = variant_source(target.read_text(encoding="utf-8"), lay, var)
-    target.write_text(source, encoding="utf-8")
+    source, _ = _variant_into(tree, lay, var, source)
     before = snapshot(tree)
 
     code, out, err = _cli("scan", str(tree), "--json")
@@ -1142,8 +1556,7 @@ def unpatched_fails(
     Returns (they all failed, the report's notes)."""
     tree = work / f"{lay.version}-{var.name}-unpatched"
     shutil.copytree(base, tree, symlinks=True)
-    target = tree / lay.path
-    target.write_text(variant_source(target.read_text(encoding="utf-8"), lay, var), "utf-8")
+    _variant_into(tree, lay, var)
     from gdn_backport.verify import verify_tree
 
     try:

@@ -252,6 +252,8 @@ class Flow:
     # id(statement)): the rewriter checks that an inserted line sees the
     # values the call sees.
     env_after: dict[tuple[int, int], Env] = field(default_factory=dict)
+    # The branch conditions that hold at each of those lines.
+    path_at: dict[tuple[int, int], Assume] = field(default_factory=dict)
 
     def chain(self, frame: int) -> list[Frame]:
         """The frames from the entry down to ``frame``."""
@@ -569,6 +571,7 @@ class FlowWalker:
                     self._small(small, env)
             finally:
                 self.flow.env_after[(self.frame, id(stmt))] = dict(env)
+                self.flow.path_at[(self.frame, id(stmt))] = self.path
         elif isinstance(stmt, cst.If):
             self._if(stmt, env)
         elif isinstance(stmt, (cst.For, cst.While)):
@@ -1076,10 +1079,20 @@ class FlowWalker:
                 self.flow.defs.append(d)
                 self._bump(p)
                 new_env[p] = frozenset(Val(v.assume, v.prov, v.defs | {d.id}) for v in vals)
+            # ``*args``/``**kwargs`` hold what no named parameter took: a
+            # forwarding wrapper (``def w(**kw): return kernel(**kw)``) hands
+            # the kernel the spec slots it was given, never nothing.
+            taken = {id(arg) for arg, _ in bound.values() if arg is not None}
             params = target.func.params
-            for star in (params.star_arg, params.star_kwarg):
-                if isinstance(star, cst.Param):
-                    new_env[star.name.value] = frozenset({NONE_VAL})
+            for star, positional in ((params.star_arg, True), (params.star_kwarg, False)):
+                if not isinstance(star, cst.Param):
+                    continue
+                extra: set[Val] = set()
+                for keyword, arg, vals in record.args:
+                    if id(arg) in taken or (keyword is None and not arg.star) != positional:
+                        continue
+                    extra |= vals
+                new_env[star.name.value] = self._cap(extra) if extra else frozenset({NONE_VAL})
             try:
                 self._block(target.func.body, new_env)
                 self._returned(frozenset({NULL_VAL}))  # falls off the end

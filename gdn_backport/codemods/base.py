@@ -136,8 +136,10 @@ class Planner:
 
     def defs_at(self, stmt: cst.CSTNode, name: str) -> set[int]:
         """The last definitions of ``name`` that may hold after ``stmt``."""
-        env = self.flow.env_after.get((self.frame.id, id(stmt)), {})
-        return {self._latest(v.defs, name) for v in env.get(name, frozenset())}
+        key = (self.frame.id, id(stmt))
+        env = self.flow.env_after.get(key, {})
+        path = self.flow.path_at.get(key, frozenset())
+        return {self._latest(v.defs, name) for v in live(env.get(name, frozenset()), path)}
 
     def defs_at_call(self, call: SpecCall, vals: frozenset[Val], name: str) -> set[int]:
         return {self._latest(v.defs, name) for v in live(vals, call.record.path)}
