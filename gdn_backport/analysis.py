@@ -413,14 +413,39 @@ def classify(flow: Flow, patchset: Patchset) -> Walk:
     """Every spec call of a walk, and the ledger of slot-receiving calls."""
     calls: list[SpecCall] = []
     ledger: list[tuple[CallRecord, str]] = []
+    # Frames (and their callers) in which some call takes the spec slots on.
+    inner: set[int] = set()
+    for record in flow.calls:
+        if record.entered is None and _consumes(record):
+            frame: int | None = record.frame
+            while frame is not None and frame not in inner:
+                inner.add(frame)
+                frame = flow.frames[frame].parent
     for record in flow.calls:
         if record.entered is not None:
-            if _consumes(record):
+            if _consumes(record) and record.entered not in inner:
+                # The helper was handed the slots and passes them to no call
+                # (``slots.data_ptr()`` into a raw launch): the helper is the
+                # boundary the analysis sees, judged like any unknown callee.
+                boundary = _other_consumer(record)
+                if isinstance(boundary, str):
+                    ledger.append((record, boundary))
+                else:
+                    boundary.chain = flow.chain(record.frame)
+                    boundary.select = _select_frame(flow, boundary)
+                    boundary.flow = flow
+                    calls.append(boundary)
+                    ledger.append((record, "site"))
+            elif _consumes(record):
                 ledger.append((record, "followed"))
             continue
         kernel = patchset.kernel_for(record.callee)
-        found: SpecCall | str | None
-        if kernel is not None:
+        found: SpecCall | str | None = None
+        if record.unfollowed is not None:
+            # A helper that may reach the spec path (past the depth followed,
+            # or recursive): what it does is unseen, so never "nothing".
+            found = _other_consumer(record)
+        elif kernel is not None:
             found = _spec_call(record, kernel)
             if found is None and _consumes(record):
                 found = "benign"  # a kernel's non-spec call handed the slots elsewhere

@@ -897,8 +897,9 @@ FORK_KERNEL_DECLARATION = (
     "# The fork declares its own kernel (written for the corpus).\n"
     "[[kernel]]\n"
     'name = "fork_gdn_spec_kernel"\n'
-    'params = ["A_log", "a", "b", "dt_bias", "q", "k", "v", "initial_state", "inplace_final_state",\n'
-    '          "cu_seqlens", "ssm_state_indices", "num_accepted_tokens", "use_qk_l2norm_in_kernel"]\n'
+    'params = ["A_log", "a", "b", "dt_bias", "q", "k", "v", "initial_state",\n'
+    '          "inplace_final_state", "cu_seqlens", "ssm_state_indices",\n'
+    '          "num_accepted_tokens", "use_qk_l2norm_in_kernel"]\n'
     'rows = ["q", "k", "v"]\n'
     'gates = ["a", "b"]\n'
     'state_indices = "ssm_state_indices"\n'

@@ -297,6 +297,9 @@ class FlowWalker:
         self._stmt_gathers = 0
         self._base_imports = dict(imports)
         self._state: _FrameState | None = None
+        # The canonical name of an instance -> the scope of its class: what
+        # ``self`` is in a method, wherever it is passed on.
+        self.instances: dict[str, Scope] = {}
 
     @property
     def state(self) -> _FrameState:
@@ -340,6 +343,8 @@ class FlowWalker:
             val = self._define(name, None, func, prov)
             self.flow.defs[-1].param = True
             env[name] = frozenset({val})
+            if name == scope.receiver:
+                self.instances[self._canon(cst.Name(name), env)] = scope
         for star in (params.star_arg, params.star_kwarg):
             if isinstance(star, cst.Param):
                 env[star.name.value] = frozenset({NONE_VAL})
@@ -989,10 +994,16 @@ class FlowWalker:
                 written = f"super().{func.attr.value}"
         if written is None or (resolved is None and not written.startswith("super()")):
             return None
-        head = written.split(".", 1)[0]
+        head, _, rest = written.partition(".")
         scope = self.state.scope
         if head in env and head != scope.receiver:
-            return None  # a local object's method: not resolvable statically
+            # ``layer.method()`` where ``layer`` is the instance a caller up
+            # the chain called a method of (passed on as a parameter).
+            instance = self.instances.get(self._canon(cst.Name(head), env))
+            if instance is None or instance.receiver is None or not rest or "." in rest:
+                return None  # a local object's method: not resolvable statically
+            scope, written = instance, f"{instance.receiver}.{rest}"
+            resolved = written
         if self.stop(resolved or written):
             return None
         target = self.resolver.resolve(scope, written, resolved or written)
@@ -1053,6 +1064,8 @@ class FlowWalker:
                 else None
             )
             values[target.scope.receiver] = (frozenset({NONE_VAL}), canon)
+            if canon is not None:
+                self.instances[canon] = target.scope
         for p, (arg, default) in bound.items():
             if arg is not None:
                 canon = (

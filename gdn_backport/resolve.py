@@ -20,7 +20,7 @@ from pathlib import Path
 import libcst as cst
 
 from gdn_backport import locate
-from gdn_backport.dataflow import MAX_DEPTH, Callee, Resolver, Scope
+from gdn_backport.dataflow import Callee, Resolver, Scope
 from gdn_backport.errors import UsageError
 from gdn_backport.patchset import Patchset
 
@@ -418,18 +418,29 @@ class TreeIndex:
             found = self.resolve_info(fn.scope, written, resolved)
             if found is not None and found[0] is not fn:
                 yield found[0]
+            elif found is None and "." in written and head not in imports:
+                # ``layer.method()`` on an instance handed in: any method of
+                # that name in the modules read so far may be the one
+                # (for relevance only; the walk resolves the instance).
+                attr = written.rsplit(".", 1)[1]
+                for module in list(self.modules.values()):
+                    for cls in module.classes.values():
+                        method = cls.methods.get(attr)
+                        if method is not None and method is not fn:
+                            yield method
 
-    def relevant(self, fn: FunctionInfo, depth: int = 0) -> bool:
+    def relevant(self, fn: FunctionInfo) -> bool:
         """``fn``'s code names a spec field or a kernel, or calls a function
-        of the tree that does (up to the depth the analysis follows)."""
+        of the tree that does (at any depth: a helper past the depth the
+        analysis follows must still count, or the call would be skipped)."""
         key = fn.key
         if key in self._relevant:
             return self._relevant[key]
         self._relevant[key] = False  # cuts cycles
         text = fn.text
         found = any(name in text for name in self._names)
-        if not found and depth < MAX_DEPTH:
-            found = any(self.relevant(callee, depth + 1) for callee in self.calls(fn))
+        if not found:
+            found = any(self.relevant(callee) for callee in self.calls(fn))
         self._relevant[key] = found
         return found
 

@@ -85,6 +85,13 @@ def _is_selection(stmt: cst.BaseStatement) -> bool:
     if not isinstance(small, cst.Assign):
         return False
     value = small.value
+    if isinstance(value, cst.Tuple):
+        # ``a_g, b_g = a, b`` / ``= a[i], b[i]``: one selection per name.
+        return all(_selects(e.value) for e in value.elements)
+    return _selects(value)
+
+
+def _selects(value: cst.BaseExpression) -> bool:
     if isinstance(value, cst.Call):
         func = value.func
         return isinstance(func, cst.Attribute) and func.attr.value == "index_select"
@@ -144,20 +151,44 @@ class Planner:
     def defs_at_call(self, call: SpecCall, vals: frozenset[Val], name: str) -> set[int]:
         return {self._latest(v.defs, name) for v in live(vals, call.record.path)}
 
-    def anchor(self, stmt: cst.CSTNode, reads: list[str]) -> cst.CSTNode:
-        """Where to insert after ``stmt``: the end of its run of selection
-        lines (upstream's placement), if every name the new line reads still
-        holds the same value there; else right after ``stmt``."""
+    def gate_defs(
+        self, call: SpecCall, vals: frozenset[Val], name: str, stmt: cst.CSTNode
+    ) -> set[int]:
+        """The definitions of ``name`` the call sees on the paths through ``stmt``."""
+        path = consistent(
+            call.record.path, self.flow.path_at.get((self.frame.id, id(stmt)), frozenset())
+        )
+        if path is None:
+            return set()
+        return {self._latest(v.defs, name) for v in live(vals, path)}
+
+    def anchor(
+        self,
+        stmt: cst.CSTNode,
+        reads: list[str],
+        expect: dict[str, tuple[SpecCall, frozenset[Val]]] | None = None,
+    ) -> cst.CSTNode:
+        """Where to insert after ``stmt``: the last line of its run of
+        selection lines (upstream's placement) where every name the new line
+        reads holds the value it has at ``stmt`` (or, for a name in
+        ``expect``, the value the kernel call sees)."""
         if id(stmt) not in self.blocks:
             raise Refusal("the spec gather is not on a line of its own")
+        expect = expect or {}
         block, i = self.blocks[id(stmt)]
         end = i
         while end + 1 < len(block.body) and _is_selection(block.body[end + 1]):
             end += 1
-        last = block.body[end]
-        if all(self.defs_at(last, n) == self.defs_at(stmt, n) for n in reads):
-            return last
-        return stmt
+        base = {n: self.defs_at(stmt, n) for n in reads if n not in expect}
+        for j in range(end, i - 1, -1):
+            here = block.body[j]
+            if all(self.defs_at(here, n) == want for n, want in base.items()) and all(
+                self.defs_at(here, n) == self.gate_defs(call, vals, n, here)
+                for n, (call, vals) in expect.items()
+            ):
+                return here
+        name = next(iter(expect), reads[0] if reads else "a name")
+        raise Refusal(f"`{name}` is reassigned between the spec gather and the kernel call")
 
     def selections(self, call: SpecCall) -> list[Selection]:
         """The assignments of the one variable that selects the spec rows of
@@ -226,10 +257,18 @@ class Planner:
             names.fresh[base] = name
         return names.fresh[base]
 
-    def insert(self, plan: Plan, after: Def, target: str, value: cst.BaseExpression) -> None:
-        """Plan ``target = value`` after ``after``'s line (or its run)."""
+    def insert(
+        self,
+        plan: Plan,
+        after: Def,
+        target: str,
+        value: cst.BaseExpression,
+        expect: dict[str, tuple[SpecCall, frozenset[Val]]] | None = None,
+    ) -> None:
+        """Plan ``target = value`` after ``after``'s line (or its run);
+        ``expect``: names that must hold there what the kernel call sees."""
         reads = sorted({n.value for n in _names_in(value)})
-        anchor = self.anchor(after.stmt, reads)
+        anchor = self.anchor(after.stmt, reads, expect)
         line = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(target))], value)])
         if not any(code_of(x) == code_of(line) for x in plan.inserts[id(anchor)]):
             plan.inserts[id(anchor)].append(line)

@@ -53,14 +53,19 @@ def gate_arg(planner: Planner, call: SpecCall, gate: GateUse) -> tuple[cst.Arg, 
     return arg, gate_name(arg, gate.param)
 
 
-def check_gate(planner: Planner, call: SpecCall, name: str, vals: frozenset[Val]) -> None:
-    """The gate must carry all rows on every path and hold, at every spec
-    selection, the value the call sees. Returns its definitions at the call."""
+def all_rows(call: SpecCall, name: str, vals: frozenset[Val]) -> None:
+    """The gate must carry all token rows on every path to the call."""
     if any(v.prov is not Prov.ALL for v in live(vals, call.record.path)):
         raise Refusal(f"gate `{name}` does not carry all token rows on every path")
-    at_call = planner.defs_at_call(call, vals, name)
+
+
+def check_gate(planner: Planner, call: SpecCall, name: str, vals: frozenset[Val]) -> None:
+    """The gate must carry all rows on every path and hold, at every spec
+    selection, the value the call sees."""
+    all_rows(call, name, vals)
     for sel in planner.selections(call):
-        if planner.defs_at(sel.definition.stmt, name) != at_call:
+        stmt = sel.definition.stmt
+        if planner.defs_at(stmt, name) != planner.gate_defs(call, vals, name, stmt):
             raise Refusal(f"`{name}` is reassigned between the spec gather and the kernel call")
 
 
@@ -401,15 +406,17 @@ class GatherGatesCodemod(SiteCodemod):
             if gate_aligned(call, gate):
                 continue
             arg, name = gate_arg(planner, call, gate)
-            check_gate(planner, call, name, gate.vals)
+            all_rows(call, name, gate.vals)
             new = planner.new_name(f"{name}_spec")
+            # The new line must read the gate the call reads.
+            expect = {name: (call, gate.vals)}
             for sel in planner.selections(call):
                 d = sel.definition
                 if sel.kind == "gather":
                     assert d.gather is not None
-                    planner.insert(plan, d, new, mirror(d.gather, name))
+                    planner.insert(plan, d, new, mirror(d.gather, name), expect)
                 else:
-                    planner.insert(plan, d, new, cst.Name(name))
+                    planner.insert(plan, d, new, cst.Name(name), expect)
             plan.edits[id(arg)] = _rename_arg(new)
 
     # Examples, run by tests/test_codemods.py (before -> after; after again ->
