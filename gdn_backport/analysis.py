@@ -153,7 +153,13 @@ def _has(vals: Vals, path: frozenset[tuple[str, bool]], prov: Prov) -> bool:
 
 
 def _compare(q: Vals, gate: Vals, path: frozenset[tuple[str, bool]]) -> tuple[str, str] | None:
-    """('affected'|'unknown', detail) for the first bad pair, None if all align."""
+    """('affected'|'unknown', detail) for the worst pair, None if all align.
+
+    q/k/v gathered while the gate is not (or gathered by another index) is
+    the bug: affected. The reverse, gates gathered while q/k/v hold every
+    row, is right only where every row is a spec token (a pure-spec batch,
+    where the index is the identity); the analysis cannot tell, so unknown.
+    """
     pairs = 0
     unknown: str | None = None
     for qv in _live(q, path):
@@ -162,11 +168,13 @@ def _compare(q: Vals, gate: Vals, path: frozenset[tuple[str, bool]]) -> tuple[st
                 continue
             pairs += 1
             if qv.prov.is_rows and gv.prov.is_rows:
-                if qv.prov is not gv.prov:
-                    return (
-                        "affected",
-                        f"{gv.prov.value} rows while q/k/v carry {qv.prov.value} rows",
-                    )
+                if qv.prov is gv.prov:
+                    continue
+                detail = f"{gv.prov.value} rows while q/k/v carry {qv.prov.value} rows"
+                if qv.prov is not Prov.ALL:
+                    return "affected", detail
+                if unknown is None:
+                    unknown = detail + " (right only if every row is a spec token there)"
             elif unknown is None:
                 unknown = f"rows cannot be traced (q/k/v: {qv.prov.value}, gate: {gv.prov.value})"
     if pairs == 0:

@@ -209,9 +209,10 @@ def test_a_helper_given_gathered_gates_is_fixed(
     call = "self._spec_update(a[spec_token_indx], b[spec_token_indx], q, k, v, slots, None)"
     root = tree(tmp_path, {"vllm/gdn.py": HEADER + CALLER.format(call=call) + HELPER_METHOD})
     # On the pure-spec path the index is the identity at run time, but not to
-    # the analysis: gathered gates beside all-row q/k/v there.
+    # the analysis: gathered gates beside all-row q/k/v there cannot be proven.
     site = only(scan_json(capsys, root), "Layer._forward_core")
-    assert site["status"] == "affected"
+    assert site["status"] == "unknown"
+    assert "right only if every row is a spec token" in str(site["reason"])
     fixed = CALLER.replace(
         "                mixed_qkv_spec = mixed_qkv\n",
         "                mixed_qkv_spec = mixed_qkv\n                a_s, b_s = a, b\n",
