@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copytree(repo, tree)
             code, scan, err = _run("scan", str(tree), "--json")
             sites = scan.get("sites", []) if isinstance(scan, dict) else []
-            acode, applied, aerr = _run("apply", "--dry-run", str(tree), "--json")
+            _, applied, _ = _run("apply", "--dry-run", str(tree), "--json")
             refused = {r["path"]: r["reason"] for r in applied.get("refused", [])}  # type: ignore[union-attr]
             diff = str(applied.get("diff", ""))
             files = sorted(
