@@ -14,6 +14,7 @@ import argparse
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -53,6 +54,11 @@ def bench(version: str, repeat: int) -> list[tuple[str, ...]]:
     def scan() -> None:
         scan_tree(tree)
 
+    def cli() -> None:
+        # A fresh process: interpreter start, imports and every parse cold.
+        subprocess.run([sys.executable, "-m", "gdn_backport", "scan", str(tree)],
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+
     def dry() -> None:
         apply_tree(tree, "gather", Mode.DRY_RUN)
 
@@ -69,6 +75,7 @@ def bench(version: str, repeat: int) -> list[tuple[str, ...]]:
         measured = {
             "grep -rl _forward_core": timed(grep, repeat),
             "scan": timed(scan, repeat),
+            "scan, new process (CLI)": timed(cli, repeat),
             "apply --dry-run": timed(dry, repeat),
             "apply (write)": timed(write, repeat, setup=reset),
         }

@@ -486,6 +486,7 @@ def walk_entry(
     path: str | None = None,
     line: int = 0,
     key: tuple[str, str, int] | None = None,
+    objects: set[str] | None = None,
 ) -> Walk:
     """Walk ``func`` as an entry (its tensor parameters hold every row of the
     step), following the tree's helpers through ``resolver``."""
@@ -496,7 +497,7 @@ def walk_entry(
         )
 
     walker = FlowWalker(patchset.fields, imports, resolver, stop)
-    flow = walker.run(func, scope, qualname, path, line, key)
+    flow = walker.run(func, scope, qualname, path, line, key, objects)
     return classify(flow, patchset)
 
 

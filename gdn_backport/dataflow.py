@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ from gdn_backport.provenance import (
     NO_ASSUME,
     NONE_VAL,
     NULL_VAL,
-    SELECTORS,
+    SPEC_PATH,
     Assume,
     Prov,
     Val,
@@ -151,19 +152,48 @@ class Scope:
     receiver: str | None = None  # the parameter bound to the instance/class (self, cls)
 
 
-@dataclass(frozen=True)
 class Callee:
-    """A function of the tree a call resolves to, ready to be walked."""
+    """A function of the tree a call resolves to, ready to be walked. Its
+    libcst node and whether it can touch the spec path are worked out only
+    when asked: most calls a walk resolves are never followed."""
 
-    key: tuple[str, str, int]  # (module, qualname, occurrence): identity
-    func: cst.FunctionDef
-    imports: Mapping[str, str]  # its module's imports: local name -> dotted target
-    scope: Scope
-    qualname: str  # Class.method / function, as scan prints it
-    path: str | None  # its file, relative to the tree root
-    line: int  # its ``def`` line
-    bound: bool  # the first parameter takes the receiver (``self.m(...)``)
-    relevant: bool  # its code (or a helper's) names a spec field or a kernel
+    def __init__(
+        self,
+        key: tuple[str, str, int],
+        load: Callable[[], cst.FunctionDef],
+        imports: Mapping[str, str],
+        scope: Scope,
+        qualname: str,
+        path: str | None,
+        line: int,
+        bound: bool,
+        relevant: Callable[[], bool],
+        objects: Callable[[], set[str]] | None = None,
+    ) -> None:
+        self.key = key  # (module, qualname, occurrence): identity
+        self._load = load
+        self.imports = imports  # its module's imports: local name -> dotted target
+        self.scope = scope
+        self.qualname = qualname  # Class.method / function, as scan prints it
+        self.path = path  # its file, relative to the tree root
+        self.line = line  # its ``def`` line
+        self.bound = bound  # the first parameter takes the receiver (``self.m(...)``)
+        self._relevant = relevant
+        self._objects = objects
+
+    @functools.cached_property
+    def func(self) -> cst.FunctionDef:
+        return self._load()
+
+    @functools.cached_property
+    def objects(self) -> set[str]:
+        """Its parameters that hold objects, not tensors (see :func:`object_params`)."""
+        return self._objects() if self._objects is not None else _object_params(self.func)
+
+    @functools.cached_property
+    def relevant(self) -> bool:
+        """Its code (or a helper's) names a spec field or a kernel."""
+        return self._relevant()
 
 
 class Resolver(Protocol):
@@ -198,6 +228,7 @@ class Def:
     gather: cst.BaseExpression | None = None  # the spec gather inside value
     alias_of: str | None = None  # ``k = some.kernel``: the callee it names
     param: bool = False  # a parameter of the function
+    optional: bool = False  # a parameter that defaults to None
     frame: int = 0
     # What the name stands for in conditions across assignments and frames
     # (``m = md.spec_sequence_masks`` reads as ``<md>.spec_sequence_masks``).
@@ -324,8 +355,11 @@ class FlowWalker:
         path: str | None = None,
         line: int = 0,
         key: tuple[str, str, int] | None = None,
+        objects: set[str] | None = None,
     ) -> Flow:
-        """Walk ``func`` as an entry: its tensor parameters hold every row of the step."""
+        """Walk ``func`` as an entry: its tensor parameters hold every row of
+        the step; ``objects``: its parameters known to hold objects instead
+        (default: worked out here)."""
         qualname = qualname or func.name.value
         scope = scope or Scope("")
         frame = Frame(0, qualname, path, line, func, key or (scope.module, qualname, 0))
@@ -333,7 +367,13 @@ class FlowWalker:
         self._state = _FrameState(frame, dict(self._base_imports), scope)
         env: Env = {}
         params = func.params
-        objects = _object_params(func) | self._objects_by_helpers(func, scope)
+        if objects is None:
+            objects = _object_params(func)
+            names = {p.name.value for p in [*params.posonly_params, *params.params]}
+            names |= {p.name.value for p in params.kwonly_params}
+            objects |= self._objects_by_helpers(
+                func, scope, names - objects - {scope.receiver or ""}
+            )
         for p in [*params.posonly_params, *params.params, *params.kwonly_params]:
             name = p.name.value
             # A per-token tensor argument of the layer holds every row of the
@@ -342,6 +382,9 @@ class FlowWalker:
             prov = self._field(name) or (Prov.NONE if name in objects else Prov.ALL)
             val = self._define(name, None, func, prov)
             self.flow.defs[-1].param = True
+            self.flow.defs[-1].optional = isinstance(p.default, cst.Name) and (
+                p.default.value == "None"
+            )
             env[name] = frozenset({val})
             if name == scope.receiver:
                 self.instances[self._canon(cst.Name(name), env)] = scope
@@ -352,23 +395,21 @@ class FlowWalker:
             self._block(func.body, env)
         return self.flow
 
-    def _objects_by_helpers(self, func: cst.FunctionDef, scope: Scope, depth: int = 0) -> set[str]:
-        """Parameters the function hands to a helper of the tree that uses
-        them as objects (``_conv_buffer_view(layer)`` reads ``layer.kv_cache``)."""
-        params = {p.name.value for p in [*func.params.posonly_params, *func.params.params]}
-        params |= {p.name.value for p in func.params.kwonly_params}
+    def _objects_by_helpers(
+        self, func: cst.FunctionDef, scope: Scope, only: set[str], depth: int = 0
+    ) -> set[str]:
+        """Which of the parameters ``only`` the function hands to a helper of
+        the tree that uses them as objects (``_conv_buffer_view(layer)``
+        reads ``layer.kv_cache``)."""
         found: set[str] = set()
-        if depth >= 2:
+        if depth >= 2 or not only:
             return found
         for node in walk(func.body):
-            if not isinstance(node, cst.Call):
+            if not isinstance(node, cst.Call) or not any(
+                isinstance(a.value, cst.Name) and a.value.value in only for a in node.args
+            ):
                 continue
-            passed = [
-                (i, a)
-                for i, a in enumerate(node.args)
-                if isinstance(a.value, cst.Name) and a.value.value in params
-            ]
-            name = dotted(node.func) if passed else None
+            name = dotted(node.func)
             if name is None:
                 continue
             head, _, rest = name.partition(".")
@@ -386,13 +427,19 @@ class FlowWalker:
             bound = _bind_params(callee, record)
             if not isinstance(bound, dict):
                 continue
-            inner = _object_params(callee.func) | self._objects_by_helpers(
-                callee.func, callee.scope, depth + 1
+            passed = {
+                p: arg.value.value
+                for p, (arg, _) in bound.items()
+                if arg is not None and isinstance(arg.value, cst.Name) and arg.value.value in only
+            }
+            if not passed:
+                continue
+            inner = set(callee.objects)
+            inner |= self._objects_by_helpers(
+                callee.func, callee.scope, set(passed) - inner, depth + 1
             )
-            for p, (arg, _) in bound.items():
-                if arg is not None and p in inner and isinstance(arg.value, cst.Name):
-                    found.add(arg.value.value)
-        return found & params
+            found |= {mine for theirs, mine in passed.items() if theirs in inner}
+        return found
 
     # -- definitions ------------------------------------------------------
 
@@ -519,32 +566,45 @@ class FlowWalker:
             return frozenset({(f"{self._canon(expr, env)} is None", truth == is_none)})
         return frozenset({(self._canon(test, env), truth)})
 
-    def _narrow(self, test: cst.BaseExpression, truth: bool, env: Env) -> bool:
-        """Narrow a local tested against None on one arm; False if the arm
-        cannot be taken (``x = None; if x is not None: ...``)."""
+    def _narrow(self, test: cst.BaseExpression, truth: bool, env: Env) -> Assume | None:
+        """Narrow a local tested against None on one arm. Returns what the
+        arm then implies (the conditions every value left shares: ``x is
+        None`` where x is None only on the no-spec path implies that path),
+        or None if the arm cannot be taken (``x = None; if x is not None``)."""
         if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
             return self._narrow(test.expression, not truth, env)
         if isinstance(test, cst.BooleanOperation):
             if (isinstance(test.operator, cst.And) and truth) or (
                 isinstance(test.operator, cst.Or) and not truth
             ):
-                return self._narrow(test.left, truth, env) and self._narrow(test.right, truth, env)
-            return True
+                left = self._narrow(test.left, truth, env)
+                right = self._narrow(test.right, truth, env) if left is not None else None
+                return consistent(left, right) if left is not None and right is not None else None
+            return NO_ASSUME
         subject = _none_test(test)
         if subject is None or not isinstance(subject[0], cst.Name):
-            return True
+            return NO_ASSUME
         name = subject[0].value
         vals = env.get(name)
         if not vals:
-            return True
+            return NO_ASSUME
         if truth == subject[1]:
-            # Gathered rows are tensors, never None.
-            keep = frozenset(v for v in vals if v.prov not in (Prov.SPEC, Prov.NONSPEC))
+            keep = frozenset(v for v in vals if self._maybe_none(v))
         else:
             keep = frozenset(v for v in vals if v.prov is not Prov.NULL)
         if not keep:
-            return False
+            return None
         env[name] = keep
+        return frozenset.intersection(*(v.assume for v in keep))
+
+    def _maybe_none(self, v: Val) -> bool:
+        """Whether a value can be None: the constant, objects and metadata
+        fields can; rows a tensor op produced or a tensor argument of the
+        entry cannot, unless that argument defaults to None."""
+        if v.prov in (Prov.SPEC, Prov.NONSPEC, Prov.IDX_ALL):
+            return False
+        if v.prov is Prov.ALL:
+            return any(self.flow.defs[d].optional for d in v.defs)
         return True
 
     # -- statements -------------------------------------------------------
@@ -628,7 +688,9 @@ class FlowWalker:
             self.ev(small.test, env)
             # Past an assert its test holds (``assert x is not None``).
             self.path = consistent(self.path, self._atoms(small.test, True, env)) or self.path
-            self._narrow(small.test, True, env)
+            implied = self._narrow(small.test, True, env)
+            if implied:
+                self.path = consistent(self.path, implied) or self.path
         elif isinstance(small, (cst.Import, cst.ImportFrom)):
             self._local_import(small, env)
 
@@ -693,7 +755,9 @@ class FlowWalker:
             cond = self._atoms(stmt.test, truth, env)
             arm = dict(env)
             path = consistent(self.path, cond)
-            if path is None or not self._narrow(stmt.test, truth, arm):
+            implied = self._narrow(stmt.test, truth, arm) if path is not None else None
+            path = consistent(path, implied) if path is not None and implied is not None else None
+            if path is None:
                 # An arm that contradicts the path so far is never taken.
                 arms.append((cond, None))
                 continue
@@ -818,7 +882,7 @@ class FlowWalker:
                 if consistent(self.path, cond) is None:
                     continue
                 narrowed = dict(env)
-                if not self._narrow(node.test, truth, narrowed):
+                if self._narrow(node.test, truth, narrowed) is None:
                     continue
                 for v in self.ev(arm, narrowed):
                     a = consistent(v.assume, cond)
@@ -1009,8 +1073,8 @@ class FlowWalker:
         target = self.resolver.resolve(scope, written, resolved or written)
         if target is None:
             return None
-        carries = any(v.prov in SELECTORS for _, _, vals in record.args for v in vals)
-        if not (target.relevant or carries):
+        carries = any(v.prov in SPEC_PATH for _, _, vals in record.args for v in vals)
+        if not (carries or target.relevant):
             return None  # cannot touch the spec path: its result joins its arguments
         if any(a.star == "*" for a in record.node.args):
             # Positions past a ``*args`` splat are unknowable: the call is
@@ -1053,7 +1117,7 @@ class FlowWalker:
         record.entered = frame.id
         recorded = {id(arg): vals for _, arg, vals in record.args}
         # What the helper uses as an object is one, whatever the caller thought.
-        objects = _object_params(target.func)
+        objects = target.objects
         values: dict[str, tuple[Vals, str | None]] = {}
         if target.bound and target.scope.receiver is not None:
             owner = record.node.func

@@ -77,7 +77,7 @@ def decode(path: Path, data: bytes) -> str:
         raise UsageError(f"{path}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=64)
 def _parse(text: str) -> ast.Module:
     # apply parses the same text up to three times (scan, plan, proof).
     return ast.parse(text)
@@ -256,16 +256,24 @@ def function_node(lines: list[str], cand: Candidate) -> cst.FunctionDef:
     text = "".join(lines[cand.start - 1 : cand.end])
     if not text.endswith("\n"):
         text += "\n"
-    if cand.col:
+    node = _function_parse(text, bool(cand.col))
+    if node is None:
+        raise UsageError(f"line {cand.line}: expected a function definition")
+    return node
+
+
+@functools.lru_cache(maxsize=256)
+def _function_parse(text: str, indented: bool) -> cst.FunctionDef | None:
+    # libcst nodes are immutable: the same function's text parses once per
+    # process (an apply analyses its tree three times: scan, rewrite, proof).
+    if indented:
         module = cst.parse_module("if 1:\n" + text)
         wrapper = module.body[0]
         assert isinstance(wrapper, cst.If) and isinstance(wrapper.body, cst.IndentedBlock)
         node = wrapper.body.body[0]
     else:
         node = cst.parse_module(text).body[0]
-    if not isinstance(node, cst.FunctionDef):
-        raise UsageError(f"line {cand.line}: expected a function definition")
-    return node
+    return node if isinstance(node, cst.FunctionDef) else None
 
 
 _BLOCKS = (

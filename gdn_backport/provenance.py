@@ -36,9 +36,10 @@ class Prov(enum.Enum):
 
 _ROWS = {Prov.ALL, Prov.SPEC, Prov.NONSPEC}
 _INDEX = {Prov.IDX_SPEC, Prov.IDX_NONSPEC, Prov.IDX_ALL, Prov.STATE_SPEC, Prov.STATE_NONSPEC}
-# Values that select rows or state slots of the spec path: a helper that is
-# handed one of these is followed into (it may gather or call the kernel).
-SELECTORS = frozenset({Prov.IDX_SPEC, Prov.IDX_NONSPEC, Prov.STATE_SPEC, Prov.STATE_NONSPEC})
+# Values of the spec path: its index, its state slots, the rows it gathered.
+# A helper handed one of these is followed into (it may gather, or call the
+# kernel); others only when their code (or a close helper's) names the path.
+SPEC_PATH = frozenset({Prov.IDX_SPEC, Prov.STATE_SPEC, Prov.SPEC})
 
 # Complement of an index: ``~spec_token_masks`` selects the non-spec tokens.
 INVERT = {Prov.IDX_SPEC: Prov.IDX_NONSPEC, Prov.IDX_NONSPEC: Prov.IDX_SPEC}

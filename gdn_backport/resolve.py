@@ -13,6 +13,7 @@ never read, and nothing is executed.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,11 +21,17 @@ from pathlib import Path
 import libcst as cst
 
 from gdn_backport import locate
-from gdn_backport.dataflow import Callee, Resolver, Scope
+from gdn_backport.dataflow import TENSOR_ATTRS, Callee, Resolver, Scope
 from gdn_backport.errors import UsageError
 from gdn_backport.patchset import Patchset
 
 _DECORATED = {"staticmethod": "staticmethod", "classmethod": "classmethod"}
+# How many calls deep a helper handed nothing of the spec path (only the
+# metadata, all rows) is searched for spec names before the walk decides
+# whether to follow it. A helper handed spec rows, the index or the slots is
+# followed whatever its code, so this only needs to see a helper that reads
+# the metadata itself, or one that calls such a helper.
+RELEVANCE_DEPTH = 2
 
 
 @dataclass
@@ -59,6 +66,27 @@ class FunctionInfo:
     def text(self) -> str:
         return "".join(self.module.lines[self.start - 1 : self.end])
 
+    def object_params(self) -> set[str]:
+        """Parameters that are not tensors, read from ``ast`` (the rule of
+        ``dataflow._object_params``): ``self``/``cls``, those annotated with
+        something other than a Tensor, those used with a non-tensor attribute."""
+        args = self.node.args
+        params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+        names = {a.arg for a in params}
+        objects = {"self", "cls"} & names
+        for a in params:
+            if a.annotation is not None and "Tensor" not in ast.unparse(a.annotation):
+                objects.add(a.arg)
+        for node in ast.walk(self.node):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in names
+                and node.attr not in TENSOR_ATTRS
+            ):
+                objects.add(node.value.id)
+        return objects
+
     def candidate(self) -> locate.Candidate:
         return locate.Candidate(
             self.qualname, self.occurrence, self.line, self.start, self.end, self.col
@@ -81,16 +109,47 @@ class ModuleInfo:
         self.path = path
         self.name = name  # dotted module name (``vllm.x.y``), None when unknown
         self.lines = text.splitlines(keepends=True)
-        self.tree = locate.parse_ast(path or Path(key), text)
-        self.imports = locate.module_imports(self.tree)
-        self.functions: list[FunctionInfo] = []
-        self.top: dict[str, FunctionInfo] = {}
-        self.classes: dict[str, ClassInfo] = {}
         self.cst_module: cst.Module | None = None
         self._cst: dict[tuple[str, int], cst.FunctionDef] = {}
-        self._index()
+        self._tree: ast.Module | None = None
+
+    # Parsed on first use: most modules an import reaches are only asked
+    # whether they define a name, which their text answers first.
+    @property
+    def tree(self) -> ast.Module:
+        if self._tree is None:
+            self._tree = locate.parse_ast(self.path or Path(self.key), self.text)
+            self._index()
+        return self._tree
+
+    @functools.cached_property
+    def imports(self) -> dict[str, str]:
+        return locate.module_imports(self.tree)
+
+    @property
+    def functions(self) -> list[FunctionInfo]:
+        self.tree  # noqa: B018 - parses and indexes
+        return self._functions
+
+    @property
+    def top(self) -> dict[str, FunctionInfo]:
+        self.tree  # noqa: B018
+        return self._top
+
+    @property
+    def classes(self) -> dict[str, ClassInfo]:
+        self.tree  # noqa: B018
+        return self._classes
+
+    def defines(self, name: str) -> bool:
+        """The text can define ``name`` (a def or class of that name)."""
+        return f"def {name}" in self.text or f"class {name}" in self.text
 
     def _index(self) -> None:
+        assert self._tree is not None
+        self._functions: list[FunctionInfo] = []
+        self._top: dict[str, FunctionInfo] = {}
+        self._classes: dict[str, ClassInfo] = {}
         seen: dict[str, int] = {}
 
         def visit(node: ast.AST, prefix: str, cls: ClassInfo | None) -> None:
@@ -98,7 +157,7 @@ class ModuleInfo:
                 if isinstance(child, ast.ClassDef):
                     qual = f"{prefix}{child.name}"
                     info = ClassInfo(qual, [b for b in map(_ast_dotted, child.bases) if b])
-                    self.classes.setdefault(qual, info)
+                    self._classes.setdefault(qual, info)
                     visit(child, f"{qual}.", info)
                 elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     qual = f"{prefix}{child.name}"
@@ -120,16 +179,16 @@ class ModuleInfo:
                         kind,
                         child,
                     )
-                    self.functions.append(fn)
+                    self._functions.append(fn)
                     if cls is not None:
                         cls.methods[child.name] = fn  # the last definition wins
                     elif not prefix:
-                        self.top[child.name] = fn
+                        self._top[child.name] = fn
                     visit(child, f"{qual}.", None)
                 elif isinstance(child, (ast.stmt, ast.ExceptHandler, ast.match_case)):
                     visit(child, prefix, cls)
 
-        visit(self.tree, "", None)
+        visit(self._tree, "", None)
 
     def use_tree(self, module: cst.Module) -> None:
         """Hand out the functions of ``module`` (the text's own parse): a
@@ -173,6 +232,31 @@ def ast_callee(call: ast.Call) -> str | None:
     return _ast_dotted(func)
 
 
+def _passes(call: ast.Call, names: set[str]) -> bool:
+    values = [*call.args, *(k.value for k in call.keywords)]
+    return any(isinstance(v, ast.Name) and v.id in names for v in values)
+
+
+def _bound_names(
+    callee: FunctionInfo, bound: bool, call: ast.Call, names: set[str]
+) -> dict[str, str]:
+    """callee parameter -> the caller's name in ``names`` passed to it."""
+    args = callee.node.args
+    positional = [a.arg for a in [*args.posonlyargs, *args.args]]
+    if bound:
+        positional = positional[1:]
+    out: dict[str, str] = {}
+    for i, value in enumerate(call.args):
+        if isinstance(value, ast.Starred):
+            break
+        if i < len(positional) and isinstance(value, ast.Name) and value.id in names:
+            out[positional[i]] = value.id
+    for kw in call.keywords:
+        if kw.arg is not None and isinstance(kw.value, ast.Name) and kw.value.id in names:
+            out[kw.arg] = kw.value.id
+    return out
+
+
 def _module_name(path: Path) -> str | None:
     """``a.b.c`` for ``.../a/b/c.py`` where ``a`` and ``b`` are packages."""
     parts = [] if path.name == "__init__.py" else [path.stem]
@@ -205,7 +289,9 @@ class TreeIndex:
         self.modules: dict[str, ModuleInfo] = {}
         self._by_path: dict[Path, ModuleInfo | None] = {}
         self._names = patchset.names()
-        self._relevant: dict[tuple[str, str, int], bool] = {}
+        # function -> (relevant, the call depth that was searched)
+        self._relevant: dict[tuple[str, str, int], tuple[bool, int]] = {}
+        self._named: dict[tuple[str, str], ModuleInfo | None] = {}
 
     # -- modules ----------------------------------------------------------------
 
@@ -264,6 +350,12 @@ class TreeIndex:
     def module_named(self, target: str, near: ModuleInfo) -> ModuleInfo | None:
         """The module ``target`` (``a.b``, or relative ``.b``/``..b``) names,
         imported from ``near``."""
+        key = (near.key, target)
+        if key not in self._named:
+            self._named[key] = self._module_named(target, near)
+        return self._named[key]
+
+    def _module_named(self, target: str, near: ModuleInfo) -> ModuleInfo | None:
         if near.path is None:
             return None
         level = len(target) - len(target.lstrip("."))
@@ -298,14 +390,15 @@ class TreeIndex:
         fn, bound = found
         return Callee(
             fn.key,
-            fn.module.cst_function(fn),
+            lambda: fn.module.cst_function(fn),
             fn.module.imports,
             fn.scope,
             fn.qualname,
             fn.module.key,
             fn.line,
             bound,
-            self.relevant(fn),
+            lambda: self.relevant(fn),
+            fn.object_params,
         )
 
     def resolve_info(
@@ -350,6 +443,8 @@ class TreeIndex:
             if other is None:
                 continue
             rest = parts[i:]
+            if not other.defines(rest[0]):
+                return None
             if len(rest) == 1:
                 fn = other.top.get(rest[0])
                 return (fn, False) if fn is not None else None
@@ -378,7 +473,7 @@ class TreeIndex:
         level = len(dotted) - len(dotted.lstrip("."))
         parts = dotted.lstrip(".").split(".")
         other = self.module_named("." * level + ".".join(parts[:-1]), module)
-        if other is not None and parts[-1] in other.classes:
+        if other is not None and other.defines(parts[-1]) and parts[-1] in other.classes:
             return other, other.classes[parts[-1]]
         return None
 
@@ -401,15 +496,16 @@ class TreeIndex:
                 return fn
         return None
 
-    def calls(self, fn: FunctionInfo) -> Iterator[FunctionInfo]:
+    def calls(self, fn: FunctionInfo, only: frozenset[str] | None = None) -> Iterator[FunctionInfo]:
         """The tree's functions ``fn``'s code calls (read from ``ast``;
-        local rebindings ignored: an over-approximation)."""
+        local rebindings ignored: an over-approximation); ``only``: just
+        the calls of functions so named."""
         imports = fn.module.imports
         for node in ast.walk(fn.node):
             if not isinstance(node, ast.Call):
                 continue
             written = ast_callee(node)
-            if written is None:
+            if written is None or (only is not None and written.rsplit(".", 1)[-1] not in only):
                 continue
             head, _, rest = written.partition(".")
             resolved = written
@@ -429,20 +525,56 @@ class TreeIndex:
                         if method is not None and method is not fn:
                             yield method
 
-    def relevant(self, fn: FunctionInfo) -> bool:
+    def relevant(self, fn: FunctionInfo, budget: int = RELEVANCE_DEPTH) -> bool:
         """``fn``'s code names a spec field or a kernel, or calls a function
-        of the tree that does (at any depth: a helper past the depth the
-        analysis follows must still count, or the call would be skipped)."""
+        of the tree that does, within ``budget`` calls (the walk follows
+        :data:`~gdn_backport.dataflow.MAX_DEPTH` deep; looking further keeps
+        a helper past that depth from being skipped silently)."""
         key = fn.key
-        if key in self._relevant:
-            return self._relevant[key]
-        self._relevant[key] = False  # cuts cycles
-        text = fn.text
-        found = any(name in text for name in self._names)
-        if not found:
-            found = any(self.relevant(callee) for callee in self.calls(fn))
-        self._relevant[key] = found
+        known = self._relevant.get(key)
+        if known is not None and (known[0] or known[1] >= budget):
+            return known[0]
+        self._relevant[key] = (False, budget)  # cuts cycles
+        found = any(name in fn.text for name in self._names)
+        if not found and budget > 0:
+            found = any(self.relevant(callee, budget - 1) for callee in self.calls(fn))
+        self._relevant[key] = (found, budget)
         return found
+
+    def entry_objects(
+        self, fn: FunctionInfo, only: set[str] | None = None, depth: int = 0
+    ) -> set[str]:
+        """The parameters of ``fn`` that hold objects: its own reading (see
+        :meth:`FunctionInfo.object_params`), and those it hands to a helper
+        of the tree that uses them as objects (``_conv_buffer_view(layer)``
+        reads ``layer.kv_cache``), from ``ast``, two helpers deep."""
+        objects = fn.object_params()
+        if only is None:
+            args = fn.node.args
+            only = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
+        only = only - objects - {fn.receiver or ""}
+        if depth >= 2 or not only:
+            return objects
+        imports = fn.module.imports
+        for node in ast.walk(fn.node):
+            if not (isinstance(node, ast.Call) and _passes(node, only)):
+                continue
+            written = ast_callee(node)
+            if written is None:
+                continue
+            head, _, rest = written.partition(".")
+            resolved = written
+            if head in imports:
+                resolved = f"{imports[head]}.{rest}" if rest else imports[head]
+            found = self.resolve_info(fn.scope, written, resolved)
+            if found is None:
+                continue
+            callee, bound = found
+            passed = _bound_names(callee, bound, node, only)
+            if passed:
+                inner = self.entry_objects(callee, set(passed), depth + 1)
+                objects |= {mine for theirs, mine in passed.items() if theirs in inner}
+        return objects
 
     def candidates(self, module: ModuleInfo) -> list[FunctionInfo]:
         """Functions whose code names a spec-token field: where spec paths start."""
@@ -450,8 +582,11 @@ class TreeIndex:
         # A function named like a kernel is that kernel's own wrapper: its
         # callers are the spec paths.
         kernels = self.patchset.kernels
+        # Constructors and other dunders run no spec step.
         return [
             fn
             for fn in module.functions
-            if fn.node.name not in kernels and any(f in fn.text for f in fields)
+            if fn.node.name not in kernels
+            and not fn.node.name.startswith("__")
+            and any(f in fn.text for f in fields)
         ]

@@ -41,6 +41,7 @@ def walk(index: TreeIndex, fn: FunctionInfo) -> Walk:
         fn.module.key,
         fn.line,
         fn.key,
+        index.entry_objects(fn),
     )
 
 
@@ -48,7 +49,8 @@ def entries(index: TreeIndex, modules: list[ModuleInfo]) -> list[FunctionInfo]:
     """The candidates of ``modules`` that no candidate calls."""
     cands = [fn for m in modules for fn in index.candidates(m)]
     keys = {fn.key for fn in cands}
-    called = {callee.key for fn in cands for callee in index.calls(fn) if callee.key in keys}
+    names = frozenset(fn.node.name for fn in cands)
+    called = {callee.key for fn in cands for callee in index.calls(fn, names) if callee.key in keys}
     return [fn for fn in cands if fn.key not in called]
 
 

@@ -187,16 +187,17 @@ class LiveResolver:
         key = f"<live {fn.__module__}.{fn.__qualname__}>"
         self.register(key, owner if bound else None, fn)
         imports = locate.module_imports(ast.parse("".join(src.module_lines)))
+        relevant = any(name in text for name in self.names)
         return Callee(
             (key, fn.__qualname__, 0),
-            node,
+            lambda: node,
             imports,
             Scope(key),
             fn.__qualname__,
             src.file,
             src.first,
             bound,
-            any(name in text for name in self.names),
+            lambda: relevant,
         )
 
 
