@@ -49,15 +49,20 @@ class Case:
     dtype: torch.dtype = torch.float32  # q, k, v, a, b
     state_dtype: torch.dtype = torch.float32
     gates: str = "contiguous"  # "chunked" (ba.chunk views), "transposed"
-    qkv: str = "contiguous"  # "packed": strided views into one row buffer
+    # "packed": strided views into one row buffer; "k-major": q/k/v whose
+    # last dim is not contiguous (the launcher copies them)
+    qkv: str = "contiguous"
     accepted: bool = True  # False: num_accepted_tokens=None (column 0)
     null_slot_id: int = 0
     invalid: str = ""  # "initial": request 0 skipped; "tokens": some writes
     index_dtype: torch.dtype = torch.int64
     cols: int | None = None  # index columns per request, default max(lens)
     flat_index: bool = False  # 1-D ssm_state_indices
+    # Launch overrides (LaunchConfig); None: the launcher's choice.
     block_v: int | None = None
-    preload_qkv: bool = True  # False: the kernel's per-token q/k/v loads
+    preload: bool | None = None  # False: each token's loads after the last stores
+    gram: bool | None = None  # the reduction-free recurrence
+    token_tile: int | None = None
     kwargs: tuple[tuple[str, Any], ...] = ()  # scale, softplus_*, l2norm
     seed: int = 0
 
@@ -84,6 +89,7 @@ CASES = [
     Case("chunked-ba-gates", lens=(3, 2), gates="chunked", dtype=torch.bfloat16),
     Case("transposed-gates", lens=(2, 3), gates="transposed", layout="interleaved"),
     Case("packed-qkv-views", lens=(3, 2), qkv="packed", gates="chunked"),
+    Case("k-major-qkv-copied", lens=(3, 2), H=2, HV=4, qkv="k-major"),
     Case("invalid-initial-slot", lens=(3, 2), invalid="initial"),
     Case("invalid-token-slots", lens=(3, 4), invalid="tokens"),
     Case("pad-slot-era-slot0-valid", (3, 2, 2), null_slot_id=-1, invalid="tokens"),
@@ -99,15 +105,16 @@ CASES = [
         kwargs=(("softplus_beta", 2.0), ("softplus_threshold", 5.0), ("scale", 0.3)),
     ),
     Case("no-l2norm", lens=(2, 3), kwargs=(("use_qk_l2norm_in_kernel", False),)),
-    Case("per-token-qkv-loads", lens=(3, 2), qkv="packed", preload_qkv=False),
-    Case(
-        "per-token-qkv-bf16-long",
-        (2, 11),
-        K=48,
-        V=40,
-        dtype=torch.bfloat16,
-        preload_qkv=False,
-    ),
+    Case("per-token-loads", lens=(3, 2), qkv="packed", preload=False),
+    Case("per-token-loads-bf16-long", (2, 11), K=48, V=40, dtype=torch.bfloat16, preload=False),
+    Case("gram-packed-chunked", (3, 2, 4), qkv="packed", gates="chunked", gram=True),
+    Case("gram-bf16-tile3", (2, 11), K=48, V=40, dtype=torch.bfloat16, gram=True, token_tile=3),
+    Case("gram-skips", (3, 4, 2), null_slot_id=-1, invalid="tokens", gram=True),
+    Case("gram-skipped-request", lens=(3, 2), invalid="initial", gram=True),
+    Case("gram-fewer-cols", lens=(4,), cols=2, HV=2, gram=True),
+    Case("tile1-decode-style", lens=(3, 2), token_tile=1, block_v=8),
+    Case("tile2-of-4-cols", lens=(4, 3), token_tile=2, layout="shuffled", n_nonspec=4),
+    Case("many-cols-no-slot-tile", lens=(3, 2), cols=20, HV=2),
     *(Case(f"random-{s}", lens=(), layout="interleaved", seed=s) for s in range(3)),
 ]
 
@@ -164,6 +171,10 @@ def make_inputs(case: Case, device: str) -> dict[str, Any]:
         q = buf[:, : H * K].unflatten(1, (H, K))
         k = buf[:, H * K : 2 * H * K].unflatten(1, (H, K))
         v = buf[:, 2 * H * K : width].unflatten(1, (HV, V))
+    elif case.qkv == "k-major":
+        q = randn(T, K, H, dtype=dt).transpose(1, 2)
+        k = randn(T, K, H, dtype=dt).transpose(1, 2)
+        v = randn(T, V, HV, dtype=dt).transpose(1, 2)
     else:
         q, k = randn(T, H, K, dtype=dt), randn(T, H, K, dtype=dt)
         v = randn(T, HV, V, dtype=dt)
@@ -233,7 +244,9 @@ def _run_and_compare(case: Case, device: str) -> None:
         null_slot_id=case.null_slot_id,
         out=out,
         block_v=case.block_v,
-        preload_qkv=case.preload_qkv,
+        preload=case.preload,
+        gram=case.gram,
+        token_tile=case.token_tile,
         **kwargs,
     )
     assert got is out
@@ -440,6 +453,10 @@ def test_wrapper_traces_whole_under_torch_compile(device: str) -> None:
         Case("h200-hv32-n64", (4,) * 64, H=16, HV=32, K=128, V=128, n_nonspec=40),
         Case("h200-hv48-n8-bf16", (4,) * 8, 16, 48, 128, 128, dtype=torch.bfloat16),
         Case("h200-k256", (2,) * 4, H=4, HV=8, K=256, V=256, layout="interleaved"),
+        Case("h200-gram-hv32", (4,) * 8, 16, 32, 128, 128, dtype=torch.bfloat16, gram=True),
+        Case("h200-tile1-bv8", (4,) * 64, 16, 32, 128, 128, token_tile=1, block_v=8),
+        Case("h200-loads-in-loop", (4,) * 8, 16, 32, 128, 128, preload=False, block_v=2),
+        Case("h200-bf16-state-tile8", (8, 5, 8), 16, 32, 128, 128, state_dtype=torch.bfloat16),
     ],
     ids=lambda c: c.id,
 )
