@@ -783,6 +783,51 @@ def _flatten_call(
     )
 
 
+def _wrapper_plan(
+    A_log: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dt_bias: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: float,
+    threshold: float,
+    scale: float | None,
+    initial_state: torch.Tensor | None,
+    inplace_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
+    ssm_state_indices: torch.Tensor | None,
+    num_accepted_tokens: torch.Tensor | None,
+    use_qk_l2norm_in_kernel: bool,
+    spec_token_indx: torch.Tensor | None,
+    null_slot_id: int,
+) -> tuple[_Plan | str, list[int | None]]:
+    """The cached plan of a wrapper-level call (or why it cannot be served),
+    and the tensors' data pointers."""
+    tensors = (A_log, a, b, dt_bias, q, k, v, initial_state, cu_seqlens, ssm_state_indices,
+               num_accepted_tokens, spec_token_indx)  # fmt: skip
+    key, ptrs = _key(tensors, "wrapper", null_slot_id, scale, beta, threshold,
+                     use_qk_l2norm_in_kernel, inplace_final_state)  # fmt: skip
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan, ptrs
+    try:
+        fa, fb, fq, fk, fv, state, cu, idx = _flatten_call(
+            a, b, q, k, v, initial_state, inplace_final_state, cu_seqlens, ssm_state_indices
+        )
+    except ValueError as e:
+        return str(e), ptrs
+    flat = (A_log, fa, fb, dt_bias, fq, fk, fv, state, cu, idx, num_accepted_tokens,
+            spec_token_indx, null_slot_id, scale, beta, threshold,
+            use_qk_l2norm_in_kernel)  # fmt: skip
+    made = _plan_for(key, flat, (q.shape[0], q.shape[1], v.shape[2], v.shape[3]))
+    if isinstance(made, _Plan) and cu_seqlens is None:
+        # The fixed-length form builds cu_seqlens per call: not direct.
+        made.direct = False
+    return made, ptrs
+
+
 def spec_update_supported(
     A_log: torch.Tensor,
     a: torch.Tensor,
@@ -808,38 +853,32 @@ def spec_update_supported(
 
     Takes exactly the wrapper's arguments, so a call site can ask first and
     fall back to the gathered-gate upstream path when ``ok`` is False.
-    Host-side metadata only; never syncs.
+    Host-side metadata only, never syncs; the verdict is cached with the
+    call's launch plan, so asking again for a known shape is a dict lookup.
     """
-    try:
-        flat = _flatten_call(
-            a,
-            b,
-            q,
-            k,
-            v,
-            initial_state,
-            inplace_final_state,
-            cu_seqlens,
-            ssm_state_indices,
-        )
-    except ValueError as e:
-        return False, str(e)
-    fa, fb, fq, fk, fv, state, cu, idx = flat
-    reason = _unsupported_reason(
-        A_log,
-        fa,
-        fb,
-        dt_bias,
-        fq,
-        fk,
-        fv,
-        state,
-        cu,
-        idx,
-        num_accepted_tokens,
-        spec_token_indx,
+    plan, _ = _wrapper_plan(
+        A_log, a, b, dt_bias, q, k, v, beta, threshold, scale, initial_state,
+        inplace_final_state, cu_seqlens, ssm_state_indices, num_accepted_tokens,
+        use_qk_l2norm_in_kernel, spec_token_indx, null_slot_id,
+    )  # fmt: skip
+    return (False, plan) if isinstance(plan, str) else (True, "")
+
+
+def _may_skip_dispatcher(q: torch.Tensor, state: torch.Tensor | None) -> bool:
+    """Whether this call may launch directly instead of through the op.
+
+    Only eager calls on plain tensors: torch.compile tracing, CUDA-graph
+    capture, tensor subclasses (fake, functional) and active torch function
+    or dispatch modes all see the registered op.
+    """
+    return (
+        not torch.compiler.is_compiling()
+        and type(q) is torch.Tensor
+        and type(state) is torch.Tensor
+        and not torch._C._is_torch_function_mode_enabled()
+        and torch._C._len_torch_dispatch_stack() == 0
+        and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
     )
-    return (False, reason) if reason is not None else (True, "")
 
 
 def gated_delta_rule_spec_update(
@@ -889,7 +928,27 @@ def gated_delta_rule_spec_update(
     ``q.dtype``, like vLLM's function. Raises ``ValueError`` naming the
     argument for inputs :func:`spec_update_supported` rejects.
 
+    An eager call on plain tensors launches the kernel directly from a plan
+    cached per argument metadata (the same launch the op makes); traced,
+    compiled and graph-captured calls go through the registered op.
     """
+    if _may_skip_dispatcher(q, initial_state):
+        plan, ptrs = _wrapper_plan(
+            A_log, a, b, dt_bias, q, k, v, beta, threshold, scale, initial_state,
+            inplace_final_state, cu_seqlens, ssm_state_indices, num_accepted_tokens,
+            use_qk_l2norm_in_kernel, spec_token_indx, null_slot_id,
+        )  # fmt: skip
+        if isinstance(plan, str):
+            raise ValueError(plan)
+        if plan.direct:
+            assert initial_state is not None and ssm_state_indices is not None
+            result = q.new_empty(plan.out_shape)
+            if plan.grid[1] and q.shape[1]:
+                tensors = (A_log, a, b, dt_bias, q, k, v, result, initial_state, cu_seqlens,
+                           ssm_state_indices, num_accepted_tokens, spec_token_indx)  # fmt: skip
+                ptrs.insert(7, result.data_ptr())
+                _launch(plan, tensors, ptrs)
+            return result, initial_state
     fa, fb, fq, fk, fv, state, cu, idx = _flatten_call(
         a,
         b,

@@ -19,6 +19,7 @@ import torch
 from gdn_backport_kernels import (
     gated_delta_rule_spec_update,
     gated_delta_rule_spec_update_naive,
+    spec_update,
     spec_update_supported,
 )
 from gdn_backport_kernels.spec_update import gated_delta_rule_spec_update_fwd
@@ -315,6 +316,78 @@ def test_wrapper_mirrors_vllm_call(device: str) -> None:
     )
 
 
+def _wrapper_call(x: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        A_log=x["A_log"],
+        a=x["a"],
+        b=x["b"],
+        dt_bias=x["dt_bias"],
+        q=x["q"][None],
+        k=x["k"][None],
+        v=x["v"][None],
+        initial_state=x["state"],
+        inplace_final_state=True,
+        cu_seqlens=x["cu_seqlens"],
+        ssm_state_indices=x["ssm_state_indices"],
+        num_accepted_tokens=x["num_accepted_tokens"],
+        use_qk_l2norm_in_kernel=True,
+        spec_token_indx=x["spec_token_indx"],
+        null_slot_id=0,
+    )
+
+
+def test_eager_wrapper_skips_the_dispatcher_with_identical_results(device: str) -> None:
+    # The eager wrapper launches from its cached plan; the op launches the
+    # same kernel: outputs and states must be bitwise equal, call after call.
+    x = make_inputs(Case("direct", lens=(3, 2, 4), layout="interleaved", gates="chunked"), device)
+    x["state"] = torch.nan_to_num(x["state"])
+    start = x["state"].clone()
+    spec_update._PLANS.clear()
+    for _ in range(2):  # the second call hits the cached plan
+        x["state"].copy_(start)
+        out, _ = gated_delta_rule_spec_update(**_wrapper_call(x))
+        direct_state = x["state"].clone()
+        x["state"].copy_(start)
+        ref = torch.ops.gdn_backport.gated_delta_rule_spec_update_v1(*_op_args(x))
+        assert torch.equal(out[0], ref)
+        assert torch.equal(direct_state, x["state"])
+    plans = [p for k, p in spec_update._PLANS.items() if k[0][0] == "wrapper"]
+    assert len(plans) == 1 and not isinstance(plans[0], str) and plans[0].direct
+
+
+def test_wrapper_under_a_dispatch_mode_goes_through_the_op(device: str) -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[str] = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = make_inputs(Case("mode", lens=(2, 1)), device)
+    x["state"] = torch.nan_to_num(x["state"])
+    with Log():
+        gated_delta_rule_spec_update(**_wrapper_call(x))
+    assert "gdn_backport.gated_delta_rule_spec_update_v1.default" in seen
+
+
+def test_supported_verdicts_are_cached(device: str) -> None:
+    x = make_inputs(Case("cached", lens=(2, 3), HV=4, H=2), device)
+    call = _wrapper_call(x)
+    spec_update._PLANS.clear()
+    assert spec_update_supported(**call) == (True, "")
+    assert len(spec_update._PLANS) == 1
+    assert spec_update_supported(**call) == (True, "")
+    assert len(spec_update._PLANS) == 1
+    bad = {**call, "v": call["v"][..., :2, :]}  # HV=2 heads against the gates' 4
+    first = spec_update_supported(**bad)
+    assert not first[0] and "a, b: expected" in first[1], first
+    assert spec_update_supported(**bad) == first
+    with pytest.raises(ValueError, match="a, b"):
+        gated_delta_rule_spec_update(**bad)
+
+
 def test_wrapper_fixed_length_batch(device: str) -> None:
     # No cu_seqlens: q is [B, T, H, K], B requests of T tokens each.
     x = make_inputs(Case("fixed", lens=(2, 2), layout="pure"), device)
@@ -498,3 +571,48 @@ def test_gpu_torch_compile_and_cuda_graph() -> None:
     torch.cuda.synchronize()
     torch.testing.assert_close(graph_out, eager)
     torch.testing.assert_close(x["state"], eager_state)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_direct_launch_respects_pointer_alignment() -> None:
+    # Two calls with the same metadata but q/k/v 16-byte aligned, then not:
+    # the kernel compiled for the first must not serve the second.
+    case = Case("align", (4,) * 4, H=4, HV=8, K=128, V=128, dtype=torch.bfloat16)
+    x = make_inputs(case, "cuda")
+    x["state"] = torch.nan_to_num(x["state"])
+    start = x["state"].clone()
+    ref_out, ref_state = gated_delta_rule_spec_update_naive(
+        **{k: (v.cpu() if v is not None else None) for k, v in x.items()}, null_slot_id=0
+    )
+    shifted = dict(x)
+    for name in ("q", "k", "v"):
+        buf = torch.empty(x[name].numel() + 1, dtype=x[name].dtype, device="cuda")
+        shifted[name] = buf[1:].view_as(x[name]).copy_(x[name])
+        assert shifted[name].data_ptr() % 16 != 0
+    for inputs in (x, shifted, x):
+        x["state"].copy_(start)
+        out, _ = gated_delta_rule_spec_update(**_wrapper_call(inputs))
+        torch.testing.assert_close(out[0].cpu().double(), ref_out, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(x["state"].cpu().double(), ref_state, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_wrapper_captured_in_a_cuda_graph_matches_eager() -> None:
+    # Eager: the direct launch; captured: through the op. Same results.
+    case = Case("wrapper-graph", (4,) * 8, H=4, HV=8, K=128, V=128, gates="chunked")
+    x = make_inputs(case, "cuda")
+    x["state"] = torch.nan_to_num(x["state"])
+    state0 = x["state"].clone()
+    eager, _ = gated_delta_rule_spec_update(**_wrapper_call(x))
+    eager_state = x["state"].clone()
+    x["state"].copy_(state0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured, _ = gated_delta_rule_spec_update(**_wrapper_call(x))
+    x["state"].copy_(state0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+    assert torch.equal(x["state"], eager_state)
