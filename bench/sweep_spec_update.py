@@ -38,6 +38,8 @@ from bench_spec_update import (
     time_graph,
 )
 
+from gdn_backport_kernels import spec_update
+
 DEFAULT_CONFIGS = [
     "baseline",
     "auto",
@@ -117,6 +119,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         del x
         torch.cuda.empty_cache()
+    # Registers and spills of every compiled variant (occupancy: 64K
+    # registers per SM, at most 32 one-warp programs).
+    for plan in spec_update._PLANS.values():
+        compiled = getattr(plan, "compiled", None)
+        if compiled is not None:
+            cfg = {k: v for k, v in plan.constexprs.items() if k in ("BV", "NT", "PRELOAD", "GRAM")}
+            print(f"  compiled {cfg} warps={plan.num_warps}: {compiled.n_regs} registers, "
+                  f"{compiled.n_spills} spills")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps({"bandwidth": bw, "rows": rows}, indent=2))
     return 0
