@@ -47,7 +47,6 @@ DEFAULT_CONFIGS = [
     "4,1,0,0,0",  # unrolled tile, loads inside the recurrence
     "4,1,2,1,0",  # tiles of two tokens
     "2,1,0,1,0",
-    "4,1,0,1,0",
     "8,1,0,1,0",
     "4,1,0,1,1",  # the reduction-free (Gram) recurrence
     "8,1,1,1,0",
