@@ -620,6 +620,18 @@ def _make_plan(
     )
 
 
+def _hooked(hook: Any) -> bool:
+    # Triton 3.6 keeps launch hooks in HookChain objects (never None).
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def _no_launch_hooks() -> bool:
+    """No launch hook (a profiler's) is installed: the direct launch, which
+    passes none, loses nothing."""
+    rt = knobs.runtime
+    return not _hooked(rt.launch_enter_hook) and not _hooked(rt.launch_exit_hook)
+
+
 def _launch(
     plan: _Plan,
     tensors: tuple[torch.Tensor | None, ...],
@@ -633,7 +645,7 @@ def _launch(
     if (
         compiled is not None
         and aligned_out
-        and knobs.runtime.launch_enter_hook is None
+        and _no_launch_hooks()
         and torch._C._cuda_getDevice() == plan.device
     ):
         # Triton's own launch minus its per-call work (binding, specialising,
@@ -646,7 +658,7 @@ def _launch(
             compiled.packed_metadata,
             None,
             None,
-            knobs.runtime.launch_exit_hook,
+            None,
             *ptrs,
             *plan.tail,
         )

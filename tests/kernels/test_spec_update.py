@@ -616,3 +616,27 @@ def test_gpu_wrapper_captured_in_a_cuda_graph_matches_eager() -> None:
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)
     assert torch.equal(x["state"], eager_state)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_repeated_eager_calls_launch_directly(monkeypatch: pytest.MonkeyPatch) -> None:
+    # After the first call compiled and cached the kernel, eager calls must
+    # not go through Triton's JIT launch path (its binding and specialising
+    # is the host time this saves).
+    x = make_inputs(Case("direct-gpu", (4,) * 4, H=4, HV=8, K=128, V=128), "cuda")
+    x["state"] = torch.nan_to_num(x["state"])
+    gated_delta_rule_spec_update(**_wrapper_call(x))
+    kernel = spec_update.gated_delta_rule_spec_update_fwd_kernel
+    calls: list[int] = []
+    run = kernel.run
+
+    def counting_run(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(kernel, "run", counting_run)
+    for _ in range(3):
+        gated_delta_rule_spec_update(**_wrapper_call(x))
+    torch.cuda.synchronize()
+    assert calls == []
