@@ -183,7 +183,6 @@ def gated_delta_rule_spec_update_fwd_kernel(  # type: ignore[no-untyped-def]
     HAS_TOKEN_INDEX: tl.constexpr,
     IS_SPEC_DECODING: tl.constexpr,
     PRELOAD: tl.constexpr,
-    GRAM: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -248,72 +247,31 @@ def gated_delta_rule_spec_update_fwd_kernel(  # type: ignore[no-untyped-def]
                         USE_QK_L2NORM, HAS_TOKEN_INDEX,
                     ),
                 )  # fmt: skip
-        if GRAM:
-            # The recurrence without a reduction on its chain. With u_j = h k_j
-            # and w_j = h q_j for the tile's starting h, token j's delta and
-            # output follow from scalars per value row, and each token moves
-            # the later tokens' u, w by the Gram entries k_j.k_l, k_j.q_l:
-            #   delta_j = beta_j (v_j - d_j u_j)
-            #   o_j     = d_j w_j + delta_j (k_j.q_j)
-            #   u_l, w_l <- d_j u_l + delta_j (k_j.k_l), d_j w_l + delta_j (k_j.q_l)
-            # All reductions read the starting h or q/k only: independent,
-            # issued together.
-            us = tl.tuple([])
-            ws = tl.tuple([])
-            kks = tl.tuple([])
-            kqs = tl.tuple([])
-            for j in tl.static_range(NT):
-                us = _append(us, tl.sum(b_h * toks[j][2][None, :], 1))
-                ws = _append(ws, tl.sum(b_h * toks[j][1][None, :], 1))
-                for i_l in tl.static_range(NT):
-                    kks = _append(kks, tl.sum(toks[j][2] * toks[i_l][2]))
-                    kqs = _append(kqs, tl.sum(toks[j][2] * toks[i_l][1]))
-            for j in tl.static_range(NT):
+        for j in tl.static_range(NT):
+            if PRELOAD:
                 m_t, b_q, b_k, b_v, b_decay, b_beta, b_slot = toks[j]
-                b_delta = (b_v - b_decay * us[j]) * b_beta
-                b_o = b_decay * ws[j] + b_delta * kqs[j * NT + j]
-                nus = tl.tuple([])
-                nws = tl.tuple([])
-                for i_l in tl.static_range(NT):
-                    if i_l > j:
-                        nus = _append(nus, b_decay * us[i_l] + b_delta * kks[j * NT + i_l])
-                        nws = _append(nws, b_decay * ws[i_l] + b_delta * kqs[j * NT + i_l])
-                    else:
-                        nus = _append(nus, us[i_l])
-                        nws = _append(nws, ws[i_l])
-                us = nus
-                ws = nws
-                b_h = b_h * b_decay + b_delta[:, None] * b_k[None, :]
-                _store_token(
-                    b_h, b_o, m_t, b_slot, b_live, i_s + j, bos, i_hv, o_k, o_v, m_v, m_h,
-                    o, h, null_slot_id, stride_o_t, stride_o_h, stride_h_n, V, K,
+            else:
+                m_t, b_q, b_k, b_v, b_decay, b_beta, b_slot = _load_token(
+                    i_s + j, T, bos, i_h, i_hv, o_k, o_v, m_k, m_v, b_A, b_dt_bias,
+                    a, b, q, k, v, spec_token_indx, p_slots,
+                    scale, softplus_beta, softplus_threshold, null_slot_id, num_idx_cols,
+                    stride_a_t, stride_a_h, stride_b_t, stride_b_h, stride_q_t, stride_q_h,
+                    stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_idx_t,
+                    USE_QK_L2NORM, HAS_TOKEN_INDEX,
                 )  # fmt: skip
-        else:
-            for j in tl.static_range(NT):
-                if PRELOAD:
-                    m_t, b_q, b_k, b_v, b_decay, b_beta, b_slot = toks[j]
-                else:
-                    m_t, b_q, b_k, b_v, b_decay, b_beta, b_slot = _load_token(
-                        i_s + j, T, bos, i_h, i_hv, o_k, o_v, m_k, m_v, b_A, b_dt_bias,
-                        a, b, q, k, v, spec_token_indx, p_slots,
-                        scale, softplus_beta, softplus_threshold, null_slot_id, num_idx_cols,
-                        stride_a_t, stride_a_h, stride_b_t, stride_b_h, stride_q_t, stride_q_h,
-                        stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_idx_t,
-                        USE_QK_L2NORM, HAS_TOKEN_INDEX,
-                    )  # fmt: skip
-                # o from the state before the update (h q and h k reduce side
-                # by side; the updated state is not waited for):
-                #   o = (d h + delta k) q = d (h q) + delta (k q)
-                b_hk = tl.sum(b_h * b_k[None, :], 1)
-                b_hq = tl.sum(b_h * b_q[None, :], 1)
-                b_kq = tl.sum(b_k * b_q)
-                b_delta = (b_v - b_decay * b_hk) * b_beta
-                b_h = b_h * b_decay + b_delta[:, None] * b_k[None, :]
-                b_o = b_decay * b_hq + b_delta * b_kq
-                _store_token(
-                    b_h, b_o, m_t, b_slot, b_live, i_s + j, bos, i_hv, o_k, o_v, m_v, m_h,
-                    o, h, null_slot_id, stride_o_t, stride_o_h, stride_h_n, V, K,
-                )  # fmt: skip
+            # o from the state before the update (h q and h k reduce side
+            # by side; the updated state is not waited for):
+            #   o = (d h + delta k) q = d (h q) + delta (k q)
+            b_hk = tl.sum(b_h * b_k[None, :], 1)
+            b_hq = tl.sum(b_h * b_q[None, :], 1)
+            b_kq = tl.sum(b_k * b_q)
+            b_delta = (b_v - b_decay * b_hk) * b_beta
+            b_h = b_h * b_decay + b_delta[:, None] * b_k[None, :]
+            b_o = b_decay * b_hq + b_delta * b_kq
+            _store_token(
+                b_h, b_o, m_t, b_slot, b_live, i_s + j, bos, i_hv, o_k, o_v, m_v, m_h,
+                o, h, null_slot_id, stride_o_t, stride_o_h, stride_h_n, V, K,
+            )  # fmt: skip
         i_s += NT
 
 
@@ -328,27 +286,29 @@ class LaunchConfig:
     ``block_v``: value rows per program ([BV, K] state tile); ``num_warps``;
     ``token_tile``: tokens per unrolled tile (NT); ``preload``: load every
     token of a tile before its recurrence (else inside it, after the previous
-    token's stores); ``gram``: the reduction-free recurrence (needs preload).
+    token's stores).
     """
 
     block_v: int
     num_warps: int
     token_tile: int
     preload: bool
-    gram: bool
 
 
 def _pick_config(
     N: int, HV: int, C: int, V: int, BK: int, device: torch.device, **override: Any
 ) -> LaunchConfig:
-    """The launch for ``N`` requests x ``HV`` heads, ``C`` index columns.
+    """The launch for ``N`` requests x ``HV`` heads (``C`` index columns).
 
-    Measured on an H200 (bench/sweep_spec_update.py, K=V=128, CUDA graphs):
-    [8, 128] state tiles on one warp reach 87-92 % of the copy-bandwidth
-    roofline at N >= 64 against 70-75 % for [32, 128] tiles on four warps
-    (vLLM's launch shape): more, smaller programs hide the serial token chain,
-    and the K reductions stay inside one warp. Up to 512 (request, head) pairs
-    the batch is latency-bound and [4, 128] tiles are faster still.
+    Measured on an H200 (bench/sweep_spec_update.py, K=V=128, CUDA graphs;
+    NOTES.md, "Issue 14"): [8, 128] state tiles on one warp reach 86-93 % of
+    the copy-bandwidth roofline at N >= 64 against 70-75 % for [32, 128]
+    tiles on four warps (vLLM's launch shape): more, smaller programs hide the
+    serial token chain, and the K reductions stay inside one warp. Up to 512
+    (request, head) pairs [4, 128] tiles are faster still. One token per
+    tile: unrolled tiles of 2-8 tokens with every load issued first need
+    120-255 registers against 62 (BV=4), and the lost occupancy costs more
+    than the hidden load latency gains (0.55-0.93x).
     """
     if device.type != "cuda":
         # The interpreter runs programs one by one: on CPU, fewest programs win.
@@ -356,18 +316,10 @@ def _pick_config(
     else:
         per_thread = 16 if N * HV <= 512 else 32
         bv = max(4, min(int(triton.next_power_of_2(V)), per_thread * 32 // BK))
-    cfg = LaunchConfig(
-        block_v=bv,
-        num_warps=0,
-        token_tile=max(1, min(C, MAX_NT)),
-        preload=True,
-        gram=False,
-    )
+    cfg = LaunchConfig(block_v=bv, num_warps=0, token_tile=1, preload=True)
     for name, value in override.items():
         if value is not None:
             setattr(cfg, name, value)
-    if cfg.gram:
-        cfg.preload = True
     if not cfg.num_warps:
         # About 16-32 fp32 state elements per thread (see above).
         cfg.num_warps = max(1, min(8, cfg.block_v * BK // 1024))
@@ -603,7 +555,6 @@ def _make_plan(
         HAS_TOKEN_INDEX=spec_token_indx is not None,
         IS_SPEC_DECODING=num_accepted_tokens is not None,
         PRELOAD=cfg.preload,
-        GRAM=cfg.gram,
     )
     one_d = [cu_seqlens, A_log, dt_bias, num_accepted_tokens, spec_token_indx]
     direct = all(x.stride(-1) == 1 for x in (q, k, v)) and all(
@@ -720,7 +671,6 @@ def gated_delta_rule_spec_update_fwd(
     num_warps: int | None = None,
     token_tile: int | None = None,
     preload: bool | None = None,
-    gram: bool | None = None,
 ) -> torch.Tensor:
     """Launch the kernel on op-level (flattened) arguments; returns ``out``.
 
@@ -732,9 +682,7 @@ def gated_delta_rule_spec_update_fwd(
     :class:`LaunchConfig`) are for tests and benchmarks. Host-side checks
     only: safe under CUDA-graph capture.
     """
-    override = dict(
-        block_v=block_v, num_warps=num_warps, token_tile=token_tile, preload=preload, gram=gram
-    )
+    override = dict(block_v=block_v, num_warps=num_warps, token_tile=token_tile, preload=preload)
     scalars = (null_slot_id, scale, softplus_beta, softplus_threshold, use_qk_l2norm_in_kernel)
     tensors = (A_log, a, b, dt_bias, q, k, v, state, cu_seqlens, ssm_state_indices,
                num_accepted_tokens, spec_token_indx)  # fmt: skip

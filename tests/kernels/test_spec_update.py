@@ -62,7 +62,6 @@ class Case:
     # Launch overrides (LaunchConfig); None: the launcher's choice.
     block_v: int | None = None
     preload: bool | None = None  # False: each token's loads after the last stores
-    gram: bool | None = None  # the reduction-free recurrence
     token_tile: int | None = None
     kwargs: tuple[tuple[str, Any], ...] = ()  # scale, softplus_*, l2norm
     seed: int = 0
@@ -108,11 +107,11 @@ CASES = [
     Case("no-l2norm", lens=(2, 3), kwargs=(("use_qk_l2norm_in_kernel", False),)),
     Case("per-token-loads", lens=(3, 2), qkv="packed", preload=False),
     Case("per-token-loads-bf16-long", (2, 11), K=48, V=40, dtype=torch.bfloat16, preload=False),
-    Case("gram-packed-chunked", (3, 2, 4), qkv="packed", gates="chunked", gram=True),
-    Case("gram-bf16-tile3", (2, 11), K=48, V=40, dtype=torch.bfloat16, gram=True, token_tile=3),
-    Case("gram-skips", (3, 4, 2), null_slot_id=-1, invalid="tokens", gram=True),
-    Case("gram-skipped-request", lens=(3, 2), invalid="initial", gram=True),
-    Case("gram-fewer-cols", lens=(4,), cols=2, HV=2, gram=True),
+    Case("tile4-packed-chunked", (3, 2, 4), qkv="packed", gates="chunked", token_tile=4),
+    Case("tile3-bf16-long", (2, 11), K=48, V=40, dtype=torch.bfloat16, token_tile=3),
+    Case("tile4-skips", (3, 4, 2), null_slot_id=-1, invalid="tokens", token_tile=4),
+    Case("tile4-skipped-request", lens=(3, 2), invalid="initial", token_tile=4),
+    Case("tile4-fewer-cols", lens=(4,), cols=2, HV=2, token_tile=4),
     Case("tile1-decode-style", lens=(3, 2), token_tile=1, block_v=8),
     Case("tile2-of-4-cols", lens=(4, 3), token_tile=2, layout="shuffled", n_nonspec=4),
     Case("many-cols-no-slot-tile", lens=(3, 2), cols=20, HV=2),
@@ -246,7 +245,6 @@ def _run_and_compare(case: Case, device: str) -> None:
         out=out,
         block_v=case.block_v,
         preload=case.preload,
-        gram=case.gram,
         token_tile=case.token_tile,
         **kwargs,
     )
@@ -526,7 +524,7 @@ def test_wrapper_traces_whole_under_torch_compile(device: str) -> None:
         Case("h200-hv32-n64", (4,) * 64, H=16, HV=32, K=128, V=128, n_nonspec=40),
         Case("h200-hv48-n8-bf16", (4,) * 8, 16, 48, 128, 128, dtype=torch.bfloat16),
         Case("h200-k256", (2,) * 4, H=4, HV=8, K=256, V=256, layout="interleaved"),
-        Case("h200-gram-hv32", (4,) * 8, 16, 32, 128, 128, dtype=torch.bfloat16, gram=True),
+        Case("h200-tile4-hv32", (4,) * 8, 16, 32, 128, 128, dtype=torch.bfloat16, token_tile=4),
         Case("h200-tile1-bv8", (4,) * 64, 16, 32, 128, 128, token_tile=1, block_v=8),
         Case("h200-loads-in-loop", (4,) * 8, 16, 32, 128, 128, preload=False, block_v=2),
         Case("h200-bf16-state-tile8", (8, 5, 8), 16, 32, 128, 128, state_dtype=torch.bfloat16),
