@@ -288,21 +288,26 @@ def copy_bandwidth(device: str) -> float:
     return 2 * n / (ms * 1e-3)
 
 
-def time_host(fn: Fn, calls: int, warmup: int = 50) -> tuple[float, float]:
+def time_host(fn: Fn, calls: int, warmup: int = 50, drain_every: int = 16) -> tuple[float, float]:
     """Host time of one eager call, us: (median, inter-quartile range).
 
-    The device is drained before each call (outside the timed region), so
-    the launch queue never fills and blocks the host: this is the time the
-    call keeps the host, as in a step whose kernels the GPU keeps up with.
+    Each call is timed on its own; every ``drain_every`` calls the device is
+    drained (outside the timed region), so the launch queue never fills and
+    blocks the host: this is the time a call keeps the host while the GPU
+    keeps up, as in a decode step. (Draining before every call instead puts
+    a cold wake-up into each sample: it doubled every path's time on the
+    H200.)
     """
     times = []
     for i in range(warmup + calls):
-        torch.cuda.synchronize()
+        if i % drain_every == 0:
+            torch.cuda.synchronize()
         t0 = time.perf_counter_ns()
         fn()
         t1 = time.perf_counter_ns()
         if i >= warmup:
             times.append(t1 - t0)
+    torch.cuda.synchronize()
     q1, med, q3 = statistics.quantiles(times, n=4)
     return med / 1e3, (q3 - q1) / 1e3
 
@@ -320,6 +325,53 @@ def time_graph(fn: Fn) -> float:
     us = float(triton.testing.do_bench(graph.replay, return_mode="median")) * 1e3
     del graph
     return us
+
+
+@triton.jit
+def _empty_kernel(x):  # type: ignore[no-untyped-def]
+    pass
+
+
+@triton.jit
+def _floor_kernel(h, rows, out, C: tl.constexpr, BV: tl.constexpr, K: tl.constexpr,
+                  V: tl.constexpr):  # type: ignore[no-untyped-def]  # fmt: skip
+    """The bytes-only floor of this update's program shape (after
+    /work/shared/tools/gpu_floor.py): a [BV, K] state tile read once and
+    written once per token, a token row read per token; no index loads, no
+    reductions on a chain."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_k = tl.arange(0, K)
+    base = i_nh.to(tl.int64) * (C + 1) * V * K
+    b_h = tl.load(h + base + o_v[:, None] * K + o_k[None, :]).to(tl.float32)
+    for t in tl.static_range(C):
+        r = tl.load(rows + (i_nh.to(tl.int64) * C + t) * K + o_k).to(tl.float32)
+        b_h = b_h + r[None, :]
+        p = h + base + (t + 1) * V * K + o_v[:, None] * K + o_k[None, :]
+        tl.store(p, b_h.to(h.dtype.element_ty))
+    tl.store(out + i_nh * V + o_v, tl.sum(b_h, 1))
+
+
+def floor_us(case: Case, device: str) -> float:
+    """Graph-replay time of the floor kernel at this case's size (BV=4, one
+    warp, the shape the launcher uses up to 512 request x head pairs)."""
+    C, n = case.num_spec + 1, case.N * case.HV
+    dt = torch.float32 if case.state_dtype == "fp32" else torch.bfloat16
+    h = torch.zeros(n * (C + 1), case.V, case.K, device=device, dtype=dt)
+    rows = torch.zeros(n * C, case.K, device=device, dtype=torch.bfloat16)
+    out = torch.empty(n, case.V, device=device)
+    kernel: Any = _floor_kernel
+    return time_graph(
+        lambda: kernel[(case.V // 4, n)](h, rows, out, C=C, BV=4, K=case.K, V=case.V, num_warps=1)
+    )
+
+
+def empty_kernel_us(device: str) -> float:
+    """Graph-replay time of an empty kernel, measured like every case: what
+    a launch costs in this method before any work."""
+    z = torch.zeros(1, device=device)
+    kernel: Any = _empty_kernel
+    return time_graph(lambda: kernel[(1,)](z))
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -348,6 +400,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         ]
         bw = copy_bandwidth(device)
         print(f"copy bandwidth: {bw / 1e12:.2f} TB/s", file=sys.stderr)
+        print(f"empty kernel, graph replay: {empty_kernel_us(device):.2f} us", flush=True)
 
     rows = []
     for case in cases:
@@ -368,6 +421,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 row[f"{name}_graph_us"] = time_graph(fn)
             if args.host_max_n >= case.N and name in ("vllm", "ours", "op"):
                 row[f"{name}_host_us"], row[f"{name}_host_iqr_us"] = time_host(fn, args.host_calls)
+        if not args.smoke and args.floor_max_n >= case.N:
+            row["floor_graph_us"] = floor_us(case, device)
         rows.append(row)
         print(f"  {row}", file=sys.stderr, flush=True)
         del x, fns
@@ -387,7 +442,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     vLLM's path, ratio to the baseline) and eager host time (median, IQR)."""
     for r in rows:
         r["MB"] = r["bytes"] / 1e6
-        for name in ("vllm", "ours", "baseline"):
+        for name in ("vllm", "ours", "baseline", "floor"):
             if f"{name}_graph_us" in r:
                 r[f"{name}_roof"] = r["roofline_us"] / r[f"{name}_graph_us"]
         if "vllm_graph_us" in r and "ours_graph_us" in r:
@@ -404,10 +459,12 @@ def table(rows: list[dict[str, Any]]) -> str:
         "vllm_graph_us",
         "ours_graph_us",
         "baseline_graph_us",
+        "floor_graph_us",
         "speedup",
         "vs_baseline",
         "vllm_roof",
         "ours_roof",
+        "floor_roof",
         "vllm_host",
         "ours_host",
         "op_host",
@@ -470,6 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline-kernels", help="an earlier kernels/gdn_backport_kernels folder")
     p.add_argument("--host-max-n", type=int, default=8, help="host timing up to this N")
     p.add_argument("--host-calls", type=int, default=2000)
+    p.add_argument("--floor-max-n", type=int, default=8, help="floor kernel up to this N")
     args = p.parse_args(argv)
 
     rows = run(args)

@@ -8,11 +8,12 @@ cross-checked against vLLM's output and states first.
 
     python bench/sweep_spec_update.py --vllm-tree /path/vllm-0.27.1 [--json out.json]
 
-Configurations: ``--config BV,warps,NT,preload,gram`` (repeatable; see
-``LaunchConfig``), e.g. ``--config 4,1,0,1,0`` = [4, K] state tiles on one
-warp, the launcher's token tile (0: min(C, 8)), every token of a tile loaded
-before its recurrence, the direct recurrence; ``auto`` is the launcher's own
-choice; ``baseline`` an earlier package's launcher (``--baseline-kernels``).
+Configurations: ``--config BV,warps,NT,preload`` (repeatable; see
+``LaunchConfig``), e.g. ``--config 4,1,0,1`` = [4, K] state tiles on one
+warp, whole-request tiles (0: min(C, 8); or NT tokens), every token of a tile loaded before its
+recurrence; ``auto`` is the launcher's own choice; ``baseline`` an earlier
+package's launcher (``--baseline-kernels``). A fifth field is ignored (the
+session-4 sweep's Gram flag; that variant is gone).
 """
 
 from __future__ import annotations
@@ -42,14 +43,13 @@ from gdn_backport_kernels import spec_update
 
 DEFAULT_CONFIGS = [
     "baseline",
-    "auto",
-    "4,1,1,1,0",  # one token per tile: loads after the last token's stores
-    "4,1,0,0,0",  # unrolled tile, loads inside the recurrence
-    "4,1,2,1,0",  # tiles of two tokens
-    "2,1,0,1,0",
-    "8,1,0,1,0",
-    "4,1,0,1,1",  # the reduction-free (Gram) recurrence
-    "8,1,1,1,0",
+    "auto",  # one token per tile (session 4's default)
+    "4,1,0,0",  # unrolled tile, loads inside the recurrence
+    "4,1,2,1",  # tiles of two tokens, loads first
+    "2,1,0,1",  # whole-request tiles, loads first
+    "4,1,0,1",
+    "8,1,0,1",
+    "8,1,1,1",
 ]
 DEFAULT_CASES = [
     "1,3,16", "1,3,64", "8,3,16", "8,3,32", "8,3,64", "8,7,32", "64,3,32", "64,7,64",
@@ -60,20 +60,19 @@ DEFAULT_CASES = [
 def parse_config(text: str) -> dict[str, Any]:
     if text in ("auto", "baseline"):
         return {}
-    bv, warps, nt, preload, gram = (int(x) for x in text.split(","))
+    bv, warps, nt, preload, *_ = (int(x) for x in text.split(","))
     return {
         "block_v": bv,
         "num_warps": warps,
-        "token_tile": nt or None,
+        "token_tile": nt,
         "preload": bool(preload),
-        "gram": bool(gram),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--vllm-tree", required=True)
-    p.add_argument("--config", action="append", help="BV,warps,NT,preload,gram or auto")
+    p.add_argument("--config", action="append", help="BV,warps,NT,preload or auto")
     p.add_argument("--case", action="append", help="N,num_spec,HV[,bf16]")
     p.add_argument("--baseline-kernels", help="an earlier kernels/gdn_backport_kernels folder")
     p.add_argument("--json", metavar="FILE")
@@ -123,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     for plan in spec_update._PLANS.values():
         compiled = getattr(plan, "compiled", None)
         if compiled is not None:
-            cfg = {k: v for k, v in plan.constexprs.items() if k in ("BV", "NT", "PRELOAD", "GRAM")}
+            cfg = {k: v for k, v in plan.constexprs.items() if k in ("BV", "NT", "PRELOAD")}
             print(f"  compiled {cfg} warps={plan.num_warps}: {compiled.n_regs} registers, "
                   f"{compiled.n_spills} spills")  # fmt: skip
     if args.json:
