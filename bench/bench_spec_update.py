@@ -420,7 +420,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             if name != "op":
                 row[f"{name}_graph_us"] = time_graph(fn)
             if args.host_max_n >= case.N and name in ("vllm", "ours", "op"):
-                row[f"{name}_host_us"], row[f"{name}_host_iqr_us"] = time_host(fn, args.host_calls)
+                row[f"{name}_host_us"], row[f"{name}_host_iqr_us"] = time_host(
+                    fn, args.host_calls, drain_every=args.host_drain_every
+                )
         if not args.smoke and args.floor_max_n >= case.N:
             row["floor_graph_us"] = floor_us(case, device)
         rows.append(row)
@@ -527,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline-kernels", help="an earlier kernels/gdn_backport_kernels folder")
     p.add_argument("--host-max-n", type=int, default=8, help="host timing up to this N")
     p.add_argument("--host-calls", type=int, default=2000)
+    p.add_argument("--host-drain-every", type=int, default=16, help="calls between drains")
     p.add_argument("--floor-max-n", type=int, default=8, help="floor kernel up to this N")
     args = p.parse_args(argv)
 
@@ -538,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         "vllm_tree": args.vllm_tree,
         "baseline": args.baseline_kernels,
         "host_calls": args.host_calls,
+        "host_drain_every": args.host_drain_every,
         "smoke": args.smoke,
     }
     print(" ".join(f"{k}={v}" for k, v in env.items()))

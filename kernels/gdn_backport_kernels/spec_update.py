@@ -284,7 +284,8 @@ class LaunchConfig:
     """How one call is launched; every field may be overridden (sweeps, tests).
 
     ``block_v``: value rows per program ([BV, K] state tile); ``num_warps``;
-    ``token_tile``: tokens per unrolled tile (NT); ``preload``: load every
+    ``token_tile``: tokens per unrolled tile (NT; 0: the index row's C
+    columns, at most ``MAX_NT``); ``preload``: load every
     token of a tile before its recurrence (else inside it, after the previous
     token's stores).
     """
@@ -320,6 +321,9 @@ def _pick_config(
     for name, value in override.items():
         if value is not None:
             setattr(cfg, name, value)
+    if cfg.token_tile <= 0:
+        # Whole requests (up to MAX_NT tokens) per tile.
+        cfg.token_tile = max(1, min(C, MAX_NT))
     if not cfg.num_warps:
         # About 16-32 fp32 state elements per thread (see above).
         cfg.num_warps = max(1, min(8, cfg.block_v * BK // 1024))
