@@ -272,9 +272,11 @@ def cross_check(x: dict[str, Any], fns: dict[str, Fn]) -> None:
         results[name] = (out.reshape(-1).float().clone(), state.clone())
     state.copy_(start)
     ref_name, (ref_out, ref_state) = next(iter(results.items()))
+    # A bf16 pool rounds each stored state: one bf16 step apart is agreement.
+    tol = 1e-3 if state.dtype == torch.float32 else 2e-2
     for name, (o, s) in results.items():
         torch.testing.assert_close(o, ref_out, atol=2e-2, rtol=2e-2, msg=name)
-        torch.testing.assert_close(s, ref_state, atol=1e-3, rtol=1e-3, msg=name)
+        torch.testing.assert_close(s, ref_state, atol=tol, rtol=tol, msg=name)
     del start, results
     print(f"  paths agree with {ref_name}: {', '.join(fns)}", file=sys.stderr)
 
@@ -294,9 +296,8 @@ def time_host(fn: Fn, calls: int, warmup: int = 50, drain_every: int = 16) -> tu
     Each call is timed on its own; every ``drain_every`` calls the device is
     drained (outside the timed region), so the launch queue never fills and
     blocks the host: this is the time a call keeps the host while the GPU
-    keeps up, as in a decode step. (Draining before every call instead puts
-    a cold wake-up into each sample: it doubled every path's time on the
-    H200.)
+    keeps up, as in a decode step. (On the H200, draining before every call
+    gave the same medians: bench/results/h200_host_drain1_s4.txt.)
     """
     times = []
     for i in range(warmup + calls):
