@@ -308,16 +308,27 @@ def _pick_config(
     serial token chain, and the K reductions stay inside one warp. Up to 512
     (request, head) pairs [4, 128] tiles are faster still. One token per
     tile: unrolled tiles of 2-8 tokens with every load issued first need
-    120-255 registers against 62 (BV=4), and the lost occupancy costs more
-    than the hidden load latency gains (0.55-0.93x).
+    120-255 registers against 62 (BV=4), and from N=8 on the lost occupancy
+    costs more than the hidden load latency gains (0.49-0.88x); only the
+    smallest batches gain (below).
     """
     if device.type != "cuda":
         # The interpreter runs programs one by one: on CPU, fewest programs win.
         bv = max(16, min(int(triton.next_power_of_2(V)), 4096 // BK))
+        cfg = LaunchConfig(block_v=bv, num_warps=0, token_tile=1, preload=True)
+    elif N * HV <= 32 and N * HV * C <= 128:
+        # A handful of (request, head) pairs: every program fits in one wave
+        # even at a whole request's registers, so the load latency, not the
+        # occupancy, is the cost. Whole-request tiles with every load issued
+        # first, on [2, K] tiles (more programs in flight): N=1, HV=16 with
+        # 4 / 8 tokens 9.2 / 11.5 us against 11.1 / 15.5; HV=32, 4 tokens
+        # 10.8 against 12.0; at HV=48/64 they lose (14.1 / 15.5 against
+        # 12.8 / 13.8). bench/results/h200_sweep_s4b.txt.
+        cfg = LaunchConfig(block_v=2, num_warps=0, token_tile=0, preload=True)
     else:
         per_thread = 16 if N * HV <= 512 else 32
         bv = max(4, min(int(triton.next_power_of_2(V)), per_thread * 32 // BK))
-    cfg = LaunchConfig(block_v=bv, num_warps=0, token_tile=1, preload=True)
+        cfg = LaunchConfig(block_v=bv, num_warps=0, token_tile=1, preload=True)
     for name, value in override.items():
         if value is not None:
             setattr(cfg, name, value)

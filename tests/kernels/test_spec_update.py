@@ -113,6 +113,8 @@ CASES = [
     Case("tile4-skipped-request", lens=(3, 2), invalid="initial", token_tile=4),
     Case("tile4-fewer-cols", lens=(4,), cols=2, HV=2, token_tile=4),
     Case("tile1-decode-style", lens=(3, 2), token_tile=1, block_v=8),
+    # The small-batch launch: whole-request tiles (0) on [2, V] tiles.
+    Case("small-batch-launch", lens=(3, 2, 4), K=48, V=40, block_v=2, token_tile=0),
     Case("tile2-of-4-cols", lens=(4, 3), token_tile=2, layout="shuffled", n_nonspec=4),
     Case("many-cols-no-slot-tile", lens=(3, 2), cols=20, HV=2),
     *(Case(f"random-{s}", lens=(), layout="interleaved", seed=s) for s in range(3)),
@@ -525,6 +527,7 @@ def test_wrapper_traces_whole_under_torch_compile(device: str) -> None:
         Case("h200-hv48-n8-bf16", (4,) * 8, 16, 48, 128, 128, dtype=torch.bfloat16),
         Case("h200-k256", (2,) * 4, H=4, HV=8, K=256, V=256, layout="interleaved"),
         Case("h200-tile4-hv32", (4,) * 8, 16, 32, 128, 128, dtype=torch.bfloat16, token_tile=4),
+        Case("h200-n1-hv16-8-tokens", (8,), 16, 16, 128, 128, dtype=torch.bfloat16),
         Case("h200-tile1-bv8", (4,) * 64, 16, 32, 128, 128, token_tile=1, block_v=8),
         Case("h200-loads-in-loop", (4,) * 8, 16, 32, 128, 128, preload=False, block_v=2),
         Case("h200-bf16-state-tile8", (8, 5, 8), 16, 32, 128, 128, state_dtype=torch.bfloat16),
