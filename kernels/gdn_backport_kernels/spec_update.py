@@ -316,14 +316,17 @@ def _pick_config(
         # The interpreter runs programs one by one: on CPU, fewest programs win.
         bv = max(16, min(int(triton.next_power_of_2(V)), 4096 // BK))
         cfg = LaunchConfig(block_v=bv, num_warps=0, token_tile=1, preload=True)
-    elif N * HV <= 32 and N * HV * C <= 128:
+    elif N * HV <= 16:
         # A handful of (request, head) pairs: every program fits in one wave
         # even at a whole request's registers, so the load latency, not the
         # occupancy, is the cost. Whole-request tiles with every load issued
-        # first, on [2, K] tiles (more programs in flight): N=1, HV=16 with
-        # 4 / 8 tokens 9.2 / 11.5 us against 11.1 / 15.5; HV=32, 4 tokens
-        # 10.8 against 12.0; at HV=48/64 they lose (14.1 / 15.5 against
-        # 12.8 / 13.8). bench/results/h200_sweep_s4b.txt.
+        # first, on [2, K] tiles (more programs in flight). H200, graph
+        # replays, N=1, HV=16, 2/4/8 tokens: 8.4/9.3/11.3 us against
+        # 9.3/11.4/16.2 for the session-3 launch (bf16 state, 4 tokens: 9.6
+        # against 11.4). At HV=32 the gain is not steady (fp32 state, 4
+        # tokens: 10.6 against 12.5; bf16: 13.6 against 11.8), at HV=48/64
+        # it turns into a loss. bench/results/h200_bench_spec_update_s4_n1.txt,
+        # h200_sweep_s4b.txt, h200_bench_spec_update_s4_bf16.txt.
         cfg = LaunchConfig(block_v=2, num_warps=0, token_tile=0, preload=True)
     else:
         per_thread = 16 if N * HV <= 512 else 32
