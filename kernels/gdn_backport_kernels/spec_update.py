@@ -301,12 +301,12 @@ def _pick_config(
 ) -> LaunchConfig:
     """The launch for ``N`` requests x ``HV`` heads (``C`` index columns).
 
-    Measured on an H200 (bench/sweep_spec_update.py, K=V=128, CUDA graphs;
-    NOTES.md, "Issue 14"): [8, 128] state tiles on one warp reach 86-93 % of
-    the copy-bandwidth roofline at N >= 64 against 70-75 % for [32, 128]
-    tiles on four warps (vLLM's launch shape): more, smaller programs hide the
-    serial token chain, and the K reductions stay inside one warp. Up to 512
-    (request, head) pairs [4, 128] tiles are faster still. One token per
+    Measured on an H200 (bench/sweep_spec_update.py, bench_spec_update.py,
+    K=V=128, CUDA graphs; NOTES.md, "Issue 14"): one-warp programs on
+    [8, 128] state tiles reach 84-93 % of the copy-bandwidth roofline at
+    N >= 64, HV >= 32, where vLLM's [32, 128] four-warp tiles reach 70-80 %
+    (session 2: more, smaller programs hide the serial token chain). Up to
+    512 (request, head) pairs [4, 128] tiles are faster still. One token per
     tile: unrolled tiles of 2-8 tokens with every load issued first need
     120-255 registers against 62 (BV=4), and from N=8 on the lost occupancy
     costs more than the hidden load latency gains (0.49-0.88x); only the
