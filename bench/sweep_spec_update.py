@@ -2,17 +2,18 @@
 
 For each case (N requests, tokens per request, HV) this times vLLM's fixed path
 (two gathers + vLLM's kernel, from ``--vllm-tree``) and our launcher under
-every configuration given (q/k/v preloaded as a tile or loaded per token, V
-block, warps, streaming state stores), all as CUDA-graph replays in one
-process, so the kernel time is compared without host launch noise. Each
-configuration is cross-checked against vLLM's output and states first.
+every configuration given, all as CUDA-graph replays in one process, so the
+kernel time is compared without host launch noise. Each configuration is
+cross-checked against vLLM's output and states first.
 
     python bench/sweep_spec_update.py --vllm-tree /path/vllm-0.27.1 [--json out.json]
 
-Configurations: ``--config preload,BV,warps,stream[,for]`` (repeatable), e.g.
-``--config 0,8,1,0,1`` = per-token loads, BV=8, one warp, plain stores, a
-counted token loop (0: the `while` loop the interpreter needs); ``auto`` is
-the launcher's own choice.
+Configurations: ``--config BV,warps,NT,preload`` (repeatable; see
+``LaunchConfig``), e.g. ``--config 4,1,0,1`` = [4, K] state tiles on one
+warp, whole-request tiles (0: min(C, 8); or NT tokens), every token of a tile loaded before its
+recurrence; ``auto`` is the launcher's own choice; ``baseline`` an earlier
+package's launcher (``--baseline-kernels``). A fifth field is ignored (the
+session-4 sweep's Gram flag; that variant is gone).
 """
 
 from __future__ import annotations
@@ -31,45 +32,49 @@ from bench_spec_update import (
     Case,
     copy_bandwidth,
     cross_check,
+    load_baseline,
     load_vllm_kernel,
     make_inputs,
     paths,
     time_graph,
 )
 
+from gdn_backport_kernels import spec_update
+
 DEFAULT_CONFIGS = [
-    "0,4,1,0,1",
-    "0,8,2,0,1",
-    "0,16,1,0,1",
-    "auto",
-    "1,32,4,0,0",  # the first default: q/k/v tiles, `while` token loop
-    "0,32,4,0,1",  # vLLM's launch shape: BV=32, 4 warps, counted loop
-    "0,8,1,1,1",  # streaming state stores
+    "baseline",
+    "auto",  # one token per tile (session 4's default)
+    "4,1,0,0",  # unrolled tile, loads inside the recurrence
+    "4,1,2,1",  # tiles of two tokens, loads first
+    "2,1,0,1",  # whole-request tiles, loads first
+    "4,1,0,1",
+    "8,1,0,1",
+    "8,1,1,1",
 ]
 DEFAULT_CASES = [
-    "1,3,32", "8,3,16", "8,3,32", "8,3,64", "64,3,64", "64,7,32", "256,1,64", "256,3,64",
-    "256,7,64",
+    "1,3,16", "1,3,64", "8,3,16", "8,3,32", "8,3,64", "8,7,32", "64,3,32", "64,7,64",
+    "256,1,64", "256,3,64", "256,7,64",
 ]  # fmt: skip
 
 
 def parse_config(text: str) -> dict[str, Any]:
-    if text == "auto":
+    if text in ("auto", "baseline"):
         return {}
-    preload, bv, warps, stream, *loop = (int(x) for x in text.split(","))
+    bv, warps, nt, preload, *_ = (int(x) for x in text.split(","))
     return {
-        "preload_qkv": bool(preload),
         "block_v": bv,
         "num_warps": warps,
-        "stream_stores": bool(stream),
-        "for_loop": bool(loop[0]) if loop else None,
+        "token_tile": nt,
+        "preload": bool(preload),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--vllm-tree", required=True)
-    p.add_argument("--config", action="append", help="preload,BV,warps,stream or auto")
-    p.add_argument("--case", action="append", help="N,num_spec,HV")
+    p.add_argument("--config", action="append", help="BV,warps,NT,preload or auto")
+    p.add_argument("--case", action="append", help="N,num_spec,HV[,bf16]")
+    p.add_argument("--baseline-kernels", help="an earlier kernels/gdn_backport_kernels folder")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -79,23 +84,31 @@ def main(argv: list[str] | None = None) -> int:
     bw = copy_bandwidth("cuda")
     print(f"copy bandwidth: {bw / 1e12:.2f} TB/s", file=sys.stderr)
     configs = args.config or DEFAULT_CONFIGS
+    baseline_fn = load_baseline(Path(args.baseline_kernels)) if args.baseline_kernels else None
+    if baseline_fn is None:
+        configs = [c for c in configs if c != "baseline"]
     rows: list[dict[str, Any]] = []
     header = ["N", "tok", "HV", "roof_us", "vllm_us", *configs]
     print(" ".join(f"{h:>9}" for h in header))
     for spec in args.case or DEFAULT_CASES:
-        n, s, hv = (int(x) for x in spec.split(","))
-        case = Case(N=n, num_spec=s, HV=hv)
+        n, s, hv, *sd = spec.split(",")
+        case = Case(N=int(n), num_spec=int(s), HV=int(hv), state_dtype=sd[0] if sd else "fp32")
         x = make_inputs(case, "cuda")
         roof = case.bytes_moved() / bw * 1e6
-        row: dict[str, Any] = {"N": n, "tokens_per_req": s + 1, "HV": hv, "roofline_us": roof}
-        base = paths(x, vllm_fn, null_slot_id, {})
+        row: dict[str, Any] = {**{k: v for k, v in vars(case).items()}, "roofline_us": roof}
+        row["tokens_per_req"] = case.num_spec + 1
+        base = paths(x, vllm_fn, null_slot_id, baseline_fn=baseline_fn)
         row["vllm_us"] = time_graph(base["vllm"])
         for cfg in configs:
-            fns = paths(x, vllm_fn, null_slot_id, parse_config(cfg))
-            cross_check(x, {"vllm": fns["vllm"], "launcher": fns["launcher"]})
-            row[cfg] = time_graph(fns["launcher"])
+            if cfg == "baseline":
+                fn = base["baseline"]
+            else:
+                fn = paths(x, vllm_fn, null_slot_id, parse_config(cfg))["launcher"]
+            cross_check(x, {"vllm": base["vllm"], cfg: fn})
+            row[cfg] = time_graph(fn)
         rows.append(row)
-        cells = [n, s + 1, hv, roof, row["vllm_us"], *(row[c] for c in configs)]
+        cells = [case.N, case.num_spec + 1, case.HV, roof, row["vllm_us"]]
+        cells += [row[c] for c in configs]
         print(" ".join(f"{c:>9.1f}" if isinstance(c, float) else f"{c:>9}" for c in cells))
         print(
             "  roofline fraction: vllm {:.0%}; ".format(roof / row["vllm_us"])
@@ -104,6 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         del x
         torch.cuda.empty_cache()
+    # Registers and spills of every compiled variant (occupancy: 64K
+    # registers per SM, at most 32 one-warp programs).
+    for plan in spec_update._PLANS.values():
+        compiled = getattr(plan, "compiled", None)
+        if compiled is not None:
+            cfg = {k: v for k, v in plan.constexprs.items() if k in ("BV", "NT", "PRELOAD")}
+            print(f"  compiled {cfg} warps={plan.num_warps}: {compiled.n_regs} registers, "
+                  f"{compiled.n_spills} spills")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps({"bandwidth": bw, "rows": rows}, indent=2))
     return 0

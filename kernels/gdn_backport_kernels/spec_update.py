@@ -46,11 +46,13 @@ written token.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -60,63 +62,78 @@ _INDEX_NAMES = frozenset(
 # One K block keeps the whole key row in registers; 256 is the largest head
 # size vLLM's GDN models use, and [BV, 256] fp32 tiles still fit.
 MAX_HEAD_K = 256
-# Gates and slots of up to BT tokens are gathered as one tile before the serial
-# token loop; longer requests loop over several tiles.
-MAX_BT = 8
+# Tokens per unrolled tile: every token of a tile is loaded before the tile's
+# recurrence runs; longer requests loop over several tiles.
+MAX_NT = 8
+
+
+@triton.jit
+def _append(items, x):  # type: ignore[no-untyped-def]
+    """``items`` with ``x`` appended (Triton's frontend has no starred tuples)."""
+    return items + (x,)  # noqa: RUF005
 
 
 @triton.jit  # type: ignore[untyped-decorator]
-def _token_step(  # type: ignore[no-untyped-def]
-    b_h, i_j, i_t, o_t, o_k, o_v, m_k, m_v, m_h,
-    b_decay, b_beta, b_slots, b_qs, b_ks, b_vs, b_live, i_h, i_hv,
-    q, k, v, o, h, scale, null_slot_id,
-    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
-    stride_o_t, stride_o_h, stride_h_n,
-    V: tl.constexpr, K: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-    PRELOAD_QKV: tl.constexpr, STREAM_STORES: tl.constexpr,
+def _load_token(  # type: ignore[no-untyped-def]
+    t, T, bos, i_h, i_hv, o_k, o_v, m_k, m_v, b_A, b_dt_bias,
+    a, b, q, k, v, spec_token_indx, p_slots, scale, softplus_beta, softplus_threshold,
+    null_slot_id, num_idx_cols,
+    stride_a_t, stride_a_h, stride_b_t, stride_b_h, stride_q_t, stride_q_h,
+    stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_idx_t,
+    USE_QK_L2NORM: tl.constexpr, HAS_TOKEN_INDEX: tl.constexpr,
 ):  # fmt: skip
-    """One token of one request: update the [BV, BK] state tile, store o and h."""
-    # Pick token i_j out of the tiles (a BT-wide select, no memory).
-    m_j = o_t == i_j
-    b_decay_t = tl.sum(tl.where(m_j, b_decay, 0.0))
-    b_beta_t = tl.sum(tl.where(m_j, b_beta, 0.0))
-    b_slot_t = tl.sum(tl.where(m_j, b_slots, 0))
-    if PRELOAD_QKV:
-        b_q = tl.sum(tl.where(m_j[:, None], b_qs, 0.0), 0)
-        b_k = tl.sum(tl.where(m_j[:, None], b_ks, 0.0), 0)
-        b_v = tl.sum(tl.where(m_j[:, None], b_vs, 0.0), 0)
+    """Everything token ``t`` of a request needs: (live, q, k, v, decay, beta, slot).
+
+    Masked past the request's ``T`` tokens (zeros, the null slot): such a token
+    computes garbage that is never stored.
+    """
+    m_t = t < T
+    i_t = bos + t
+    if HAS_TOKEN_INDEX:
+        i_row = tl.load(spec_token_indx + i_t, mask=m_t, other=0).to(tl.int64)
     else:
-        p_q = q + i_t * stride_q_t + i_h * stride_q_h + o_k
-        p_k = k + i_t * stride_k_t + i_h * stride_k_h + o_k
-        p_v = v + i_t * stride_v_t + i_hv * stride_v_h + o_v
-        b_q = tl.load(p_q, mask=m_k, other=0).to(tl.float32)
-        b_k = tl.load(p_k, mask=m_k, other=0).to(tl.float32)
-        b_v = tl.load(p_v, mask=m_v, other=0).to(tl.float32)
-        if USE_QK_L2NORM:
-            b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + 1e-6)
-            b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + 1e-6)
-        b_q = b_q * scale
+        i_row = i_t
+    b_a = tl.load(a + i_row * stride_a_t + i_hv * stride_a_h, mask=m_t, other=0)
+    b_b = tl.load(b + i_row * stride_b_t + i_hv * stride_b_h, mask=m_t, other=0)
+    b_slot = tl.load(
+        p_slots + t * stride_idx_t, mask=m_t & (t < num_idx_cols), other=null_slot_id
+    ).to(tl.int64)
+    b_q = tl.load(q + i_t * stride_q_t + i_h * stride_q_h + o_k, mask=m_k & m_t, other=0)
+    b_k = tl.load(k + i_t * stride_k_t + i_h * stride_k_h + o_k, mask=m_k & m_t, other=0)
+    b_v = tl.load(v + i_t * stride_v_t + i_hv * stride_v_h + o_v, mask=m_v & m_t, other=0)
+    b_q = b_q.to(tl.float32)
+    b_k = b_k.to(tl.float32)
+    if USE_QK_L2NORM:
+        b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + 1e-6)
+        b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + 1e-6)
+    b_q = b_q * scale
+    b_x = b_a.to(tl.float32) + b_dt_bias
+    b_bx = softplus_beta * b_x
+    b_softplus = tl.where(
+        b_bx <= softplus_threshold, tl.log(1.0 + tl.exp(b_bx)) / softplus_beta, b_x
+    )
+    b_decay = tl.exp(b_A * b_softplus)
+    b_beta = tl.sigmoid(b_b.to(tl.float32))
+    # A tl.tuple, not a bare tuple: the interpreter nests it into tuples too.
+    return tl.tuple([m_t, b_q, b_k, b_v.to(tl.float32), b_decay, b_beta, b_slot])
 
-    b_h *= b_decay_t
-    b_v = (b_v - tl.sum(b_h * b_k[None, :], 1)) * b_beta_t
-    b_h += b_v[:, None] * b_k[None, :]
-    b_o = tl.sum(b_h * b_q[None, :], 1)
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _store_token(  # type: ignore[no-untyped-def]
+    b_h, b_o, m_t, b_slot, b_live, t, bos, i_hv, o_k, o_v, m_v, m_h, o, h, null_slot_id,
+    stride_o_t, stride_o_h, stride_h_n, V: tl.constexpr, K: tl.constexpr,
+):  # fmt: skip
+    """Store token ``t``'s output row and, into its own slot, its state."""
     b_o = tl.where(b_live, b_o, 0.0)
-
-    p_o = o + i_t * stride_o_t + i_hv * stride_o_h + o_v
-    tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=m_v)
+    p_o = o + (bos + t) * stride_o_t + i_hv * stride_o_h + o_v
+    tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=m_v & m_t)
     # Every token's state goes to its own slot (int64 offsets: pools exceed
     # 2**31 elements), so a later step can resume from any accepted token.
-    if b_live & (b_slot_t > null_slot_id):
-        p_ht = h + b_slot_t * stride_h_n + i_hv * V * K
-        p_ht = p_ht + o_v[:, None] * K + o_k[None, :]
-        if STREAM_STORES:
-            # Per-token states are read back at the earliest in the next
-            # step: keep them from evicting this step's inputs from L2.
-            tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=m_h, cache_modifier=".cs")
-        else:
-            tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=m_h)
-    return b_h
+    # Scalar branches, not `tile & scalar` masks: uniform per program on the
+    # GPU, and the Triton interpreter mis-types such mixed masks.
+    if b_live & m_t & (b_slot > null_slot_id):
+        p_ht = h + b_slot * stride_h_n + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+        tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=m_h)
 
 
 @triton.jit(do_not_specialize=["null_slot_id", "num_idx_cols"])  # type: ignore[untyped-decorator]
@@ -139,6 +156,8 @@ def gated_delta_rule_spec_update_fwd_kernel(  # type: ignore[no-untyped-def]
     softplus_threshold,
     null_slot_id,
     num_idx_cols,
+    H,
+    HV,
     stride_a_t,
     stride_a_h,
     stride_b_t,
@@ -154,158 +173,175 @@ def gated_delta_rule_spec_update_fwd_kernel(  # type: ignore[no-untyped-def]
     stride_h_n,
     stride_idx_n,
     stride_idx_t,
-    H: tl.constexpr,
-    HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
-    BT: tl.constexpr,
+    NT: tl.constexpr,
+    C_TILE: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
     HAS_TOKEN_INDEX: tl.constexpr,
     IS_SPEC_DECODING: tl.constexpr,
-    PRELOAD_QKV: tl.constexpr,
-    STREAM_STORES: tl.constexpr,
-    FOR_LOOP: tl.constexpr,
+    PRELOAD: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
-
-    # Initial slot first: the state tile is the largest load, so it is issued
-    # before anything else the token loop needs.
-    if IS_SPEC_DECODING:
-        i_c0 = tl.load(num_accepted_tokens + i_n).to(tl.int64) - 1
-    else:
-        i_c0 = tl.full([], 0, dtype=tl.int64)
-    m_c0 = (i_c0 >= 0) & (i_c0 < num_idx_cols)
-    p_slot0 = ssm_state_indices + i_n.to(tl.int64) * stride_idx_n + i_c0 * stride_idx_t
-    b_slot0 = tl.load(p_slot0, mask=m_c0, other=null_slot_id).to(tl.int64)
-    # A skipped request still runs its token loop, but reads and writes no
-    # state and stores zero outputs (deterministic, unlike vLLM's garbage).
-    b_live = b_slot0 > null_slot_id
 
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
     m_h = m_v[:, None] & m_k[None, :]
-    # This program's [BV, BK] tile of one slot of h[slot, hv, v, k]. Written
-    # out at each use rather than kept as an offset tile: a tile live across
-    # the token loop costs ~100 registers (sm_90, BV=32: 244 against 128).
-    p_h = h + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
-    # Scalar branches, not `tile & scalar` masks: uniform per program on the
-    # GPU, and the Triton interpreter mis-types such mixed masks.
+    p_slots = ssm_state_indices + i_n.to(tl.int64) * stride_idx_n
+
+    # The initial slot. With every index column in one C_TILE-wide load, the
+    # column is picked in registers: the state load then waits for one memory
+    # round trip (num_accepted_tokens and the index row in parallel), not two.
+    if IS_SPEC_DECODING:
+        i_c0 = tl.load(num_accepted_tokens + i_n).to(tl.int64) - 1
+    else:
+        i_c0 = tl.full([], 0, dtype=tl.int64)
+    m_c0 = (i_c0 >= 0) & (i_c0 < num_idx_cols)
+    if C_TILE > 0:
+        o_c = tl.arange(0, C_TILE)
+        b_row = tl.load(p_slots + o_c * stride_idx_t, mask=o_c < num_idx_cols, other=0)
+        b_slot0 = tl.sum(tl.where(o_c == i_c0, b_row.to(tl.int64), 0))
+        b_slot0 = tl.where(m_c0, b_slot0, null_slot_id)
+    else:
+        b_slot0 = tl.load(p_slots + i_c0 * stride_idx_t, mask=m_c0, other=null_slot_id)
+        b_slot0 = b_slot0.to(tl.int64)
+    # A skipped request still runs its token loop, but reads and writes no
+    # state and stores zero outputs (deterministic, unlike vLLM's garbage).
+    b_live = b_slot0 > null_slot_id
+    # This program's [BV, BK] tile of one slot of h[slot, hv, v, k].
     b_h = tl.zeros([BV, BK], dtype=tl.float32)
     if b_live:
-        b_h = tl.load(p_h + b_slot0 * stride_h_n, mask=m_h, other=0.0)
-        b_h = b_h.to(tl.float32)
+        p_h0 = h + b_slot0 * stride_h_n + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+        b_h = tl.load(p_h0, mask=m_h, other=0.0).to(tl.float32)
 
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    T = eos - bos
-
+    T = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
     b_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
     b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
-    o_t = tl.arange(0, BT)
-    p_slots = ssm_state_indices + i_n.to(tl.int64) * stride_idx_n
-    # `while`, not `for ... in range(0, T, BT)`: Triton 3.6's interpreter turns
+
+    # `while`, not `for ... in range(0, T, NT)`: Triton 3.6's interpreter turns
     # a tensor range bound into a Python int with int(ndarray), which NumPy
-    # 2.4+ rejects for the 1-element arrays it holds scalars in; a loop
-    # condition only needs bool(). Same for the token loop below. On sm_90
-    # both forms compile to the same PTX (Triton 3.6 and 3.9).
+    # 2.4+ rejects for the 1-element arrays it holds scalars in.
     i_s = tl.zeros([], dtype=tl.int64)
     while i_s < T:
-        # Gather everything token-indexed for up to BT tokens as tiles, off the
-        # serial chain: gate rows (by spec_token_indx), their gates, slots and,
-        # with PRELOAD_QKV, the q/k/v rows with their norms. The token loop
-        # below then only computes and stores.
-        o_ts = i_s + o_t
-        m_t = o_ts < T
-        if HAS_TOKEN_INDEX:
-            b_row = tl.load(spec_token_indx + bos + o_ts, mask=m_t, other=0)
-            b_row = b_row.to(tl.int64)
-        else:
-            b_row = bos + o_ts
-        b_a = tl.load(a + b_row * stride_a_t + i_hv * stride_a_h, mask=m_t, other=0)
-        b_b = tl.load(b + b_row * stride_b_t + i_hv * stride_b_h, mask=m_t, other=0)
-        b_x = b_a.to(tl.float32) + b_dt_bias
-        b_bx = softplus_beta * b_x
-        b_softplus = tl.where(
-            b_bx <= softplus_threshold, tl.log(1.0 + tl.exp(b_bx)) / softplus_beta, b_x
-        )
-        b_decay = tl.exp(b_A * b_softplus)
-        b_beta = tl.sigmoid(b_b.to(tl.float32))
-        b_slots = tl.load(
-            p_slots + o_ts * stride_idx_t,
-            mask=m_t & (o_ts < num_idx_cols),
-            other=null_slot_id,
-        ).to(tl.int64)
-        # Placeholders when q/k/v are loaded per token (never read then).
-        b_qs, b_ks, b_vs = b_decay, b_decay, b_decay
-        if PRELOAD_QKV:
-            o_tok = bos + o_ts
-            m_tk = m_t[:, None] & m_k[None, :]
-            p_q = q + o_tok[:, None] * stride_q_t + i_h * stride_q_h + o_k[None, :]
-            p_k = k + o_tok[:, None] * stride_k_t + i_h * stride_k_h + o_k[None, :]
-            p_v = v + o_tok[:, None] * stride_v_t + i_hv * stride_v_h + o_v[None, :]
-            b_qs = tl.load(p_q, mask=m_tk, other=0).to(tl.float32)
-            b_ks = tl.load(p_k, mask=m_tk, other=0).to(tl.float32)
-            b_vs = tl.load(p_v, mask=m_t[:, None] & m_v[None, :], other=0)
-            b_vs = b_vs.to(tl.float32)
-            if USE_QK_L2NORM:
-                b_qs = b_qs * tl.rsqrt(tl.sum(b_qs * b_qs, 1) + 1e-6)[:, None]
-                b_ks = b_ks * tl.rsqrt(tl.sum(b_ks * b_ks, 1) + 1e-6)[:, None]
-            b_qs = b_qs * scale
-
-        n_j = tl.minimum(T - i_s, BT)
-        if FOR_LOOP:
-            # A counted loop lets Triton software-pipeline the per-token
-            # loads (num_stages); the interpreter needs the `while` below.
-            for i_j in range(0, n_j):
-                b_h = _token_step(
-                    b_h, i_j, bos + i_s + i_j, o_t, o_k, o_v, m_k, m_v, m_h,
-                    b_decay, b_beta, b_slots, b_qs, b_ks, b_vs, b_live, i_h, i_hv,
-                    q, k, v, o, h, scale, null_slot_id,
-                    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
-                    stride_o_t, stride_o_h, stride_h_n,
-                    V, K, USE_QK_L2NORM, PRELOAD_QKV, STREAM_STORES,
+        # PRELOAD: every load of the tile's NT tokens is issued before the
+        # recurrence, so the serial chain below waits on no memory (a load
+        # placed after a store cannot be hoisted above it: they may alias).
+        toks = tl.tuple([])
+        if PRELOAD:
+            for j in tl.static_range(NT):
+                toks = _append(
+                    toks,
+                    _load_token(
+                        i_s + j, T, bos, i_h, i_hv, o_k, o_v, m_k, m_v, b_A, b_dt_bias,
+                        a, b, q, k, v, spec_token_indx, p_slots,
+                        scale, softplus_beta, softplus_threshold, null_slot_id, num_idx_cols,
+                        stride_a_t, stride_a_h, stride_b_t, stride_b_h, stride_q_t, stride_q_h,
+                        stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_idx_t,
+                        USE_QK_L2NORM, HAS_TOKEN_INDEX,
+                    ),
                 )  # fmt: skip
-        else:
-            i_j = tl.zeros([], dtype=tl.int64)
-            while i_j < n_j:
-                b_h = _token_step(
-                    b_h, i_j, bos + i_s + i_j, o_t, o_k, o_v, m_k, m_v, m_h,
-                    b_decay, b_beta, b_slots, b_qs, b_ks, b_vs, b_live, i_h, i_hv,
-                    q, k, v, o, h, scale, null_slot_id,
-                    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
-                    stride_o_t, stride_o_h, stride_h_n,
-                    V, K, USE_QK_L2NORM, PRELOAD_QKV, STREAM_STORES,
+        for j in tl.static_range(NT):
+            if PRELOAD:
+                m_t, b_q, b_k, b_v, b_decay, b_beta, b_slot = toks[j]
+            else:
+                m_t, b_q, b_k, b_v, b_decay, b_beta, b_slot = _load_token(
+                    i_s + j, T, bos, i_h, i_hv, o_k, o_v, m_k, m_v, b_A, b_dt_bias,
+                    a, b, q, k, v, spec_token_indx, p_slots,
+                    scale, softplus_beta, softplus_threshold, null_slot_id, num_idx_cols,
+                    stride_a_t, stride_a_h, stride_b_t, stride_b_h, stride_q_t, stride_q_h,
+                    stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_idx_t,
+                    USE_QK_L2NORM, HAS_TOKEN_INDEX,
                 )  # fmt: skip
-                i_j += 1
-        i_s += BT
+            # o from the state before the update (h q and h k reduce side
+            # by side; the updated state is not waited for):
+            #   o = (d h + delta k) q = d (h q) + delta (k q)
+            b_hk = tl.sum(b_h * b_k[None, :], 1)
+            b_hq = tl.sum(b_h * b_q[None, :], 1)
+            b_kq = tl.sum(b_k * b_q)
+            b_delta = (b_v - b_decay * b_hk) * b_beta
+            b_h = b_h * b_decay + b_delta[:, None] * b_k[None, :]
+            b_o = b_decay * b_hq + b_delta * b_kq
+            _store_token(
+                b_h, b_o, m_t, b_slot, b_live, i_s + j, bos, i_hv, o_k, o_v, m_v, m_h,
+                o, h, null_slot_id, stride_o_t, stride_o_h, stride_h_n, V, K,
+            )  # fmt: skip
+        i_s += NT
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _pick_block_v(rows: int, V: int, BK: int, device: torch.device) -> int:
-    """V block for ``rows`` = N x HV (request, value head) pairs.
+@dataclass
+class LaunchConfig:
+    """How one call is launched; every field may be overridden (sweeps, tests).
 
-    Measured on an H200 (bench/sweep_spec_update.py, K=V=128, CUDA graphs):
-    [8, 128] tiles on one warp reach 87-92 % of the copy-bandwidth roofline at
-    N >= 64 against 70-75 % for [32, 128] tiles on four warps (vLLM's launch
-    shape): more, smaller programs hide the serial token chain's latency, and
-    the K reductions stay inside one warp. Up to 512 rows (N=8 at HV=64) the
-    batch is latency-bound and [4, 128] tiles are 3-13 % faster still; above,
-    they lose 1-5 %.
+    ``block_v``: value rows per program ([BV, K] state tile); ``num_warps``;
+    ``token_tile``: tokens per unrolled tile (NT; 0: the index row's C
+    columns, at most ``MAX_NT``); ``preload``: load every
+    token of a tile before its recurrence (else inside it, after the previous
+    token's stores).
+    """
+
+    block_v: int
+    num_warps: int
+    token_tile: int
+    preload: bool
+
+
+def _pick_config(
+    N: int, HV: int, C: int, V: int, BK: int, device: torch.device, **override: Any
+) -> LaunchConfig:
+    """The launch for ``N`` requests x ``HV`` heads (``C`` index columns).
+
+    Measured on an H200 (bench/sweep_spec_update.py, bench_spec_update.py,
+    K=V=128, CUDA graphs; NOTES.md, "Issue 14"): one-warp programs on
+    [8, 128] state tiles reach 84-93 % of the copy-bandwidth roofline at
+    N >= 64, HV >= 32, where vLLM's [32, 128] four-warp tiles reach 70-80 %
+    (session 2: more, smaller programs hide the serial token chain). Up to
+    512 (request, head) pairs [4, 128] tiles are faster still. One token per
+    tile: unrolled tiles of 2-8 tokens with every load issued first need
+    120-255 registers against 62 (BV=4), and from N=8 on the lost occupancy
+    costs more than the hidden load latency gains (0.49-0.88x); only the
+    smallest batches gain (below).
     """
     if device.type != "cuda":
         # The interpreter runs programs one by one: on CPU, fewest programs win.
-        return max(16, min(int(triton.next_power_of_2(V)), 4096 // BK))
-    per_thread = 16 if rows <= 512 else 32
-    return max(4, min(int(triton.next_power_of_2(V)), per_thread * 32 // BK))
+        bv = max(16, min(int(triton.next_power_of_2(V)), 4096 // BK))
+        cfg = LaunchConfig(block_v=bv, num_warps=0, token_tile=1, preload=True)
+    elif N * HV <= 16:
+        # A handful of (request, head) pairs: every program fits in one wave
+        # even at a whole request's registers, so the load latency, not the
+        # occupancy, is the cost. Whole-request tiles with every load issued
+        # first, on [2, K] tiles (more programs in flight). H200, graph
+        # replays, N=1, HV=16, 2/4/8 tokens: 8.4/9.3/11.3 us against
+        # 9.3/11.4/16.2 for the session-3 launch (bf16 state, 4 tokens: 9.6
+        # against 11.4). At HV=32 the gain is not steady (fp32 state, 4
+        # tokens: 10.6 against 12.5; bf16: 13.6 against 11.8), at HV=48/64
+        # it turns into a loss. bench/results/h200_bench_spec_update_s4_n1.txt,
+        # h200_sweep_s4b.txt, h200_bench_spec_update_s4_bf16.txt.
+        cfg = LaunchConfig(block_v=2, num_warps=0, token_tile=0, preload=True)
+    else:
+        per_thread = 16 if N * HV <= 512 else 32
+        bv = max(4, min(int(triton.next_power_of_2(V)), per_thread * 32 // BK))
+        cfg = LaunchConfig(block_v=bv, num_warps=0, token_tile=1, preload=True)
+    for name, value in override.items():
+        if value is not None:
+            setattr(cfg, name, value)
+    if cfg.token_tile <= 0:
+        # Whole requests (up to MAX_NT tokens) per tile.
+        cfg.token_tile = max(1, min(C, MAX_NT))
+    if not cfg.num_warps:
+        # About 16-32 fp32 state elements per thread (see above).
+        cfg.num_warps = max(1, min(8, cfg.block_v * BK // 1024))
+    return cfg
 
 
 def _unsupported_reason(
@@ -386,8 +422,247 @@ def _unsupported_reason(
     return None
 
 
-def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
+def _launched_strides(x: torch.Tensor) -> tuple[int, ...]:
+    """Strides of ``x`` as launched: a last dim that is not contiguous is
+    copied first (``.contiguous()``, row-major)."""
+    if x.stride(-1) == 1:
+        return tuple(x.stride())
+    strides, step = [], 1
+    for size in reversed(x.shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+class _Plan:
+    """Everything about one launch that the arguments' metadata decides.
+
+    Cached per metadata key (dtypes, shapes, strides, devices, pointer
+    alignment, scalars), so a repeated call skips the checks and the launch
+    decisions; on CUDA it also holds Triton's compiled kernel after the first
+    launch, which later launches call directly (no argument binding and
+    specialisation, no per-pointer driver query).
+    """
+
+    __slots__ = ("compiled", "constexprs", "device", "direct", "grid", "num_warps",
+                 "out_shape", "scalars", "tail")  # fmt: skip
+
+    def __init__(
+        self,
+        grid: tuple[int, int, int],
+        scalars: tuple[Any, ...],
+        constexprs: dict[str, Any],
+        num_warps: int,
+        out_shape: tuple[int, ...],
+        device: int,
+        direct: bool,
+    ) -> None:
+        self.grid = grid
+        self.scalars = scalars
+        self.constexprs = constexprs
+        self.num_warps = num_warps
+        self.out_shape = out_shape
+        self.device = device
+        # Arguments after the pointers, in the kernel's order (constexpr
+        # slots included: Triton's launcher takes and skips them).
+        self.tail = (*scalars, *constexprs.values())
+        # Launchable on the caller's tensors as they are (no copies: q/k/v
+        # last dims and the 1-D tensors contiguous; cu_seqlens given).
+        self.direct = direct
+        self.compiled: Any = None
+
+
+# Plans by metadata key; bounded (a server sees one key per batch shape).
+_PLANS: dict[tuple[Any, ...], _Plan | str] = {}
+_MAX_PLANS = 4096
+
+
+def _key(
+    tensors: tuple[torch.Tensor | None, ...], *scalars: Any
+) -> tuple[tuple[Any, ...], list[int | None]]:
+    """Metadata key of a call (everything the checks and launch decisions read,
+    and each pointer's 16-byte alignment, which Triton specialises on) and the
+    tensors' data pointers."""
+    ptrs = [None if t is None else t.data_ptr() for t in tensors]
+    metas = [None if t is None else (t.dtype, t.shape, t.stride(), t.get_device()) for t in tensors]
+    aligned = [None if p is None else p & 15 for p in ptrs]
+    return (scalars, tuple(metas), tuple(aligned)), ptrs
+
+
+def _make_plan(
+    A_log: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dt_bias: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    ssm_state_indices: torch.Tensor,
+    num_accepted_tokens: torch.Tensor | None,
+    spec_token_indx: torch.Tensor | None,
+    null_slot_id: int,
+    scale: float | None,
+    softplus_beta: float,
+    softplus_threshold: float,
+    use_qk_l2norm_in_kernel: bool,
+    *,
+    out_shape: tuple[int, ...] | None = None,
+    override: dict[str, Any] | None = None,
+) -> _Plan | str:
+    """The plan for op-level (flattened) arguments, or why there is none."""
+    reason = _unsupported_reason(
+        A_log,
+        a,
+        b,
+        dt_bias,
+        q,
+        k,
+        v,
+        state,
+        cu_seqlens,
+        ssm_state_indices,
+        num_accepted_tokens,
+        spec_token_indx,
+    )
+    if reason is not None:
+        return reason
+    T, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    N = cu_seqlens.numel() - 1
+    if ssm_state_indices.dim() == 1:
+        idx_strides: tuple[int, ...] = (ssm_state_indices.stride(0), 1)
+        C = 1
+    else:
+        idx_strides = ssm_state_indices.stride()
+        C = ssm_state_indices.shape[1]
+    BK = triton.next_power_of_2(K)
+    cfg = _pick_config(N, HV, C, V, BK, q.device, **(override or {}))
+    NT = cfg.token_tile
+    # The output is allocated [.., T, HV, V] contiguous: strides follow.
+    o_strides = (HV * V, V)
+    q_strides, k_strides, v_strides = (_launched_strides(x) for x in (q, k, v))
+    scalars = (
+        float(K**-0.5 if scale is None else scale),
+        float(softplus_beta),
+        float(softplus_threshold),
+        int(null_slot_id),
+        C,
+        H,
+        HV,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        *q_strides[:2],
+        *k_strides[:2],
+        *v_strides[:2],
+        *o_strides,
+        state.stride(0),
+        *idx_strides,
+    )
+    constexprs = dict(
+        K=K,
+        V=V,
+        BK=BK,
+        BV=cfg.block_v,
+        NT=NT,
+        C_TILE=int(triton.next_power_of_2(C)) if C <= 16 else 0,
+        USE_QK_L2NORM=bool(use_qk_l2norm_in_kernel),
+        HAS_TOKEN_INDEX=spec_token_indx is not None,
+        IS_SPEC_DECODING=num_accepted_tokens is not None,
+        PRELOAD=cfg.preload,
+    )
+    one_d = [cu_seqlens, A_log, dt_bias, num_accepted_tokens, spec_token_indx]
+    direct = all(x.stride(-1) == 1 for x in (q, k, v)) and all(
+        x is None or x.is_contiguous() for x in one_d
+    )
+    return _Plan(
+        grid=(triton.cdiv(V, cfg.block_v), N * HV, 1),
+        scalars=scalars,
+        constexprs=constexprs,
+        num_warps=cfg.num_warps,
+        out_shape=out_shape if out_shape is not None else (T, HV, V),
+        device=q.get_device(),
+        direct=direct,
+    )
+
+
+def _hooked(hook: Any) -> bool:
+    # Triton 3.6 keeps launch hooks in HookChain objects (never None).
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def _no_launch_hooks() -> bool:
+    """No launch hook (a profiler's) is installed: the direct launch, which
+    passes none, loses nothing."""
+    rt = knobs.runtime
+    return not _hooked(rt.launch_enter_hook) and not _hooked(rt.launch_exit_hook)
+
+
+def _launch(
+    plan: _Plan,
+    tensors: tuple[torch.Tensor | None, ...],
+    ptrs: list[int | None],
+) -> None:
+    """Launch ``plan``. ``tensors``: the kernel's 13 pointer arguments in its
+    order, ``ptrs`` their data pointers."""
+    compiled = plan.compiled
+    out_ptr = ptrs[7]
+    aligned_out = out_ptr is not None and out_ptr & 15 == 0
+    if (
+        compiled is not None
+        and aligned_out
+        and _no_launch_hooks()
+        and torch._C._cuda_getDevice() == plan.device
+    ):
+        # Triton's own launch minus its per-call work (binding, specialising,
+        # a driver query per pointer): the specialisation this kernel was
+        # compiled for is part of the plan's key.
+        compiled.run(
+            *plan.grid,
+            torch._C._cuda_getCurrentRawStream(plan.device),
+            compiled.function,
+            compiled.packed_metadata,
+            None,
+            None,
+            None,
+            *ptrs,
+            *plan.tail,
+        )
+        return
+    prepared = list(tensors)
+    for i in (4, 5, 6):  # q, k, v: last dim contiguous
+        t = prepared[i]
+        if t is not None and t.stride(-1) != 1:
+            prepared[i] = t.contiguous()
+    for i in (0, 3, 9, 11, 12):  # A_log, dt_bias and the 1-D metadata
+        t = prepared[i]
+        if t is not None:
+            prepared[i] = t.contiguous()
+    kernel: Any = gated_delta_rule_spec_update_fwd_kernel
+    grid, nw = plan.grid, plan.num_warps
+    result = kernel[grid](*prepared, *plan.scalars, **plan.constexprs, num_warps=nw)
+    same = all(p is t for p, t in zip(prepared, tensors, strict=True))
+    if plan.direct and plan.device >= 0 and result is not None and same and aligned_out:
+        result._init_handles()
+        plan.compiled = result
+
+
+def _plan_for(
+    key: tuple[Any, ...],
+    flat: tuple[Any, ...],
+    out_shape: tuple[int, ...] | None,
+    override: dict[str, Any] | None = None,
+) -> _Plan | str:
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _make_plan(*flat, out_shape=out_shape, override=override)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
 
 
 def gated_delta_rule_spec_update_fwd(
@@ -412,9 +687,8 @@ def gated_delta_rule_spec_update_fwd(
     out: torch.Tensor | None = None,
     block_v: int | None = None,
     num_warps: int | None = None,
-    preload_qkv: bool | None = None,
-    stream_stores: bool = False,
-    for_loop: bool | None = None,
+    token_tile: int | None = None,
+    preload: bool | None = None,
 ) -> torch.Tensor:
     """Launch the kernel on op-level (flattened) arguments; returns ``out``.
 
@@ -422,102 +696,28 @@ def gated_delta_rule_spec_update_fwd(
     ``[T_all, HV]``, ``state`` ``[num_slots, HV, V, K]`` (updated in place),
     ``cu_seqlens`` ``[N + 1]``, ``ssm_state_indices`` ``[N, C]`` or ``[N]``,
     ``num_accepted_tokens`` ``[N]``, ``spec_token_indx`` ``[T]``. ``out``
-    (``[T, HV, V]``, contiguous last dim), ``block_v``, ``num_warps`` and
-    ``preload_qkv`` (False: load q/k/v inside the token loop) are for tests and
-    benchmarks. Host-side checks only: safe under CUDA-graph capture.
+    (``[T, HV, V]``, contiguous) and the launch overrides (see
+    :class:`LaunchConfig`) are for tests and benchmarks. Host-side checks
+    only: safe under CUDA-graph capture.
     """
-    reason = _unsupported_reason(
-        A_log,
-        a,
-        b,
-        dt_bias,
-        q,
-        k,
-        v,
-        state,
-        cu_seqlens,
-        ssm_state_indices,
-        num_accepted_tokens,
-        spec_token_indx,
-    )
-    if reason is not None:
-        raise ValueError(reason)
-    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
-    T, H, K = q.shape
-    HV, V = v.shape[1], v.shape[2]
-    N = cu_seqlens.numel() - 1
+    override = dict(block_v=block_v, num_warps=num_warps, token_tile=token_tile, preload=preload)
+    scalars = (null_slot_id, scale, softplus_beta, softplus_threshold, use_qk_l2norm_in_kernel)
+    tensors = (A_log, a, b, dt_bias, q, k, v, state, cu_seqlens, ssm_state_indices,
+               num_accepted_tokens, spec_token_indx)  # fmt: skip
+    key, ptrs = _key(tensors, "op", *scalars, *override.values())
+    plan = _plan_for(key, (*tensors, *scalars), None, override)
+    if isinstance(plan, str):
+        raise ValueError(plan)
     if out is None:
-        out = q.new_empty(T, HV, V)
-    elif out.shape != (T, HV, V) or out.stride(-1) != 1 or out.device != q.device:
-        raise ValueError(f"out: expected [{T}, {HV}, {V}] on {q.device}")
-    if N == 0 or T == 0:
+        out = q.new_empty(plan.out_shape)
+    elif out.shape != plan.out_shape or not out.is_contiguous() or out.device != q.device:
+        raise ValueError(f"out: expected contiguous {list(plan.out_shape)} on {q.device}")
+    if plan.grid[1] == 0 or q.shape[0] == 0:
         return out
-    if ssm_state_indices.dim() == 1:
-        ssm_state_indices = ssm_state_indices[:, None]
-    if scale is None:
-        scale = K**-0.5
-
-    BK = triton.next_power_of_2(K)
-    BV = block_v or _pick_block_v(N * HV, V, BK, q.device)
-    num_idx_cols = ssm_state_indices.shape[1]
-    BT = min(triton.next_power_of_2(max(num_idx_cols, 2)), MAX_BT)
-    if preload_qkv is None:
-        preload_qkv = False
-    if num_warps is None:
-        # About 32 fp32 state elements per thread (see _pick_block_v).
-        num_warps = max(1, min(8, BV * BK // 1024))
-
-    grid = (triton.cdiv(V, BV), N * HV)
-    kernel: Any = gated_delta_rule_spec_update_fwd_kernel
-    kernel[grid](
-        A_log.contiguous(),
-        a,
-        b,
-        dt_bias.contiguous(),
-        q,
-        k,
-        v,
-        out,
-        state,
-        cu_seqlens.contiguous(),
-        ssm_state_indices,
-        num_accepted_tokens.contiguous() if num_accepted_tokens is not None else None,
-        spec_token_indx.contiguous() if spec_token_indx is not None else None,
-        float(scale),
-        float(softplus_beta),
-        float(softplus_threshold),
-        int(null_slot_id),
-        num_idx_cols,
-        a.stride(0),
-        a.stride(1),
-        b.stride(0),
-        b.stride(1),
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        out.stride(0),
-        out.stride(1),
-        state.stride(0),
-        ssm_state_indices.stride(0),
-        ssm_state_indices.stride(1),
-        H=H,
-        HV=HV,
-        K=K,
-        V=V,
-        BK=BK,
-        BV=BV,
-        BT=BT,
-        USE_QK_L2NORM=bool(use_qk_l2norm_in_kernel),
-        HAS_TOKEN_INDEX=spec_token_indx is not None,
-        IS_SPEC_DECODING=num_accepted_tokens is not None,
-        PRELOAD_QKV=preload_qkv,
-        STREAM_STORES=stream_stores,
-        FOR_LOOP=(not _interpreting()) if for_loop is None else for_loop,
-        num_warps=num_warps,
-    )
+    ptr_tensors = (A_log, a, b, dt_bias, q, k, v, out, state, cu_seqlens,
+                   ssm_state_indices, num_accepted_tokens, spec_token_indx)  # fmt: skip
+    ptrs.insert(7, out.data_ptr())
+    _launch(plan, ptr_tensors, ptrs)
     return out
 
 
@@ -561,6 +761,51 @@ def _flatten_call(
     )
 
 
+def _wrapper_plan(
+    A_log: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dt_bias: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: float,
+    threshold: float,
+    scale: float | None,
+    initial_state: torch.Tensor | None,
+    inplace_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
+    ssm_state_indices: torch.Tensor | None,
+    num_accepted_tokens: torch.Tensor | None,
+    use_qk_l2norm_in_kernel: bool,
+    spec_token_indx: torch.Tensor | None,
+    null_slot_id: int,
+) -> tuple[_Plan | str, list[int | None]]:
+    """The cached plan of a wrapper-level call (or why it cannot be served),
+    and the tensors' data pointers."""
+    tensors = (A_log, a, b, dt_bias, q, k, v, initial_state, cu_seqlens, ssm_state_indices,
+               num_accepted_tokens, spec_token_indx)  # fmt: skip
+    key, ptrs = _key(tensors, "wrapper", null_slot_id, scale, beta, threshold,
+                     use_qk_l2norm_in_kernel, inplace_final_state)  # fmt: skip
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan, ptrs
+    try:
+        fa, fb, fq, fk, fv, state, cu, idx = _flatten_call(
+            a, b, q, k, v, initial_state, inplace_final_state, cu_seqlens, ssm_state_indices
+        )
+    except ValueError as e:
+        return str(e), ptrs
+    flat = (A_log, fa, fb, dt_bias, fq, fk, fv, state, cu, idx, num_accepted_tokens,
+            spec_token_indx, null_slot_id, scale, beta, threshold,
+            use_qk_l2norm_in_kernel)  # fmt: skip
+    made = _plan_for(key, flat, (q.shape[0], q.shape[1], v.shape[2], v.shape[3]))
+    if isinstance(made, _Plan) and cu_seqlens is None:
+        # The fixed-length form builds cu_seqlens per call: not direct.
+        made.direct = False
+    return made, ptrs
+
+
 def spec_update_supported(
     A_log: torch.Tensor,
     a: torch.Tensor,
@@ -586,38 +831,32 @@ def spec_update_supported(
 
     Takes exactly the wrapper's arguments, so a call site can ask first and
     fall back to the gathered-gate upstream path when ``ok`` is False.
-    Host-side metadata only; never syncs.
+    Host-side metadata only, never syncs; the verdict is cached with the
+    call's launch plan, so asking again for a known shape is a dict lookup.
     """
-    try:
-        flat = _flatten_call(
-            a,
-            b,
-            q,
-            k,
-            v,
-            initial_state,
-            inplace_final_state,
-            cu_seqlens,
-            ssm_state_indices,
-        )
-    except ValueError as e:
-        return False, str(e)
-    fa, fb, fq, fk, fv, state, cu, idx = flat
-    reason = _unsupported_reason(
-        A_log,
-        fa,
-        fb,
-        dt_bias,
-        fq,
-        fk,
-        fv,
-        state,
-        cu,
-        idx,
-        num_accepted_tokens,
-        spec_token_indx,
+    plan, _ = _wrapper_plan(
+        A_log, a, b, dt_bias, q, k, v, beta, threshold, scale, initial_state,
+        inplace_final_state, cu_seqlens, ssm_state_indices, num_accepted_tokens,
+        use_qk_l2norm_in_kernel, spec_token_indx, null_slot_id,
+    )  # fmt: skip
+    return (False, plan) if isinstance(plan, str) else (True, "")
+
+
+def _may_skip_dispatcher(q: torch.Tensor, state: torch.Tensor | None) -> bool:
+    """Whether this call may launch directly instead of through the op.
+
+    Only eager calls on plain tensors: torch.compile tracing, CUDA-graph
+    capture, tensor subclasses (fake, functional) and active torch function
+    or dispatch modes all see the registered op.
+    """
+    return (
+        not torch.compiler.is_compiling()
+        and type(q) is torch.Tensor
+        and type(state) is torch.Tensor
+        and not torch._C._is_torch_function_mode_enabled()
+        and torch._C._len_torch_dispatch_stack() == 0
+        and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
     )
-    return (False, reason) if reason is not None else (True, "")
 
 
 def gated_delta_rule_spec_update(
@@ -666,7 +905,28 @@ def gated_delta_rule_spec_update(
     Returns ``(out, initial_state)`` with ``out`` ``[B, T, HV, V]`` in
     ``q.dtype``, like vLLM's function. Raises ``ValueError`` naming the
     argument for inputs :func:`spec_update_supported` rejects.
+
+    An eager call on plain tensors launches the kernel directly from a plan
+    cached per argument metadata (the same launch the op makes); traced,
+    compiled and graph-captured calls go through the registered op.
     """
+    if _may_skip_dispatcher(q, initial_state):
+        plan, ptrs = _wrapper_plan(
+            A_log, a, b, dt_bias, q, k, v, beta, threshold, scale, initial_state,
+            inplace_final_state, cu_seqlens, ssm_state_indices, num_accepted_tokens,
+            use_qk_l2norm_in_kernel, spec_token_indx, null_slot_id,
+        )  # fmt: skip
+        if isinstance(plan, str):
+            raise ValueError(plan)
+        if plan.direct:
+            assert initial_state is not None and ssm_state_indices is not None
+            result = q.new_empty(plan.out_shape)
+            if plan.grid[1] and q.shape[1]:
+                tensors = (A_log, a, b, dt_bias, q, k, v, result, initial_state, cu_seqlens,
+                           ssm_state_indices, num_accepted_tokens, spec_token_indx)  # fmt: skip
+                ptrs.insert(7, result.data_ptr())
+                _launch(plan, tensors, ptrs)
+            return result, initial_state
     fa, fb, fq, fk, fv, state, cu, idx = _flatten_call(
         a,
         b,

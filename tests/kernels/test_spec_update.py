@@ -19,6 +19,7 @@ import torch
 from gdn_backport_kernels import (
     gated_delta_rule_spec_update,
     gated_delta_rule_spec_update_naive,
+    spec_update,
     spec_update_supported,
 )
 from gdn_backport_kernels.spec_update import gated_delta_rule_spec_update_fwd
@@ -49,15 +50,19 @@ class Case:
     dtype: torch.dtype = torch.float32  # q, k, v, a, b
     state_dtype: torch.dtype = torch.float32
     gates: str = "contiguous"  # "chunked" (ba.chunk views), "transposed"
-    qkv: str = "contiguous"  # "packed": strided views into one row buffer
+    # "packed": strided views into one row buffer; "k-major": q/k/v whose
+    # last dim is not contiguous (the launcher copies them)
+    qkv: str = "contiguous"
     accepted: bool = True  # False: num_accepted_tokens=None (column 0)
     null_slot_id: int = 0
     invalid: str = ""  # "initial": request 0 skipped; "tokens": some writes
     index_dtype: torch.dtype = torch.int64
     cols: int | None = None  # index columns per request, default max(lens)
     flat_index: bool = False  # 1-D ssm_state_indices
+    # Launch overrides (LaunchConfig); None: the launcher's choice.
     block_v: int | None = None
-    preload_qkv: bool = True  # False: the kernel's per-token q/k/v loads
+    preload: bool | None = None  # False: each token's loads after the last stores
+    token_tile: int | None = None
     kwargs: tuple[tuple[str, Any], ...] = ()  # scale, softplus_*, l2norm
     seed: int = 0
 
@@ -84,6 +89,7 @@ CASES = [
     Case("chunked-ba-gates", lens=(3, 2), gates="chunked", dtype=torch.bfloat16),
     Case("transposed-gates", lens=(2, 3), gates="transposed", layout="interleaved"),
     Case("packed-qkv-views", lens=(3, 2), qkv="packed", gates="chunked"),
+    Case("k-major-qkv-copied", lens=(3, 2), H=2, HV=4, qkv="k-major"),
     Case("invalid-initial-slot", lens=(3, 2), invalid="initial"),
     Case("invalid-token-slots", lens=(3, 4), invalid="tokens"),
     Case("pad-slot-era-slot0-valid", (3, 2, 2), null_slot_id=-1, invalid="tokens"),
@@ -99,15 +105,18 @@ CASES = [
         kwargs=(("softplus_beta", 2.0), ("softplus_threshold", 5.0), ("scale", 0.3)),
     ),
     Case("no-l2norm", lens=(2, 3), kwargs=(("use_qk_l2norm_in_kernel", False),)),
-    Case("per-token-qkv-loads", lens=(3, 2), qkv="packed", preload_qkv=False),
-    Case(
-        "per-token-qkv-bf16-long",
-        (2, 11),
-        K=48,
-        V=40,
-        dtype=torch.bfloat16,
-        preload_qkv=False,
-    ),
+    Case("per-token-loads", lens=(3, 2), qkv="packed", preload=False),
+    Case("per-token-loads-bf16-long", (2, 11), K=48, V=40, dtype=torch.bfloat16, preload=False),
+    Case("tile4-packed-chunked", (3, 2, 4), qkv="packed", gates="chunked", token_tile=4),
+    Case("tile3-bf16-long", (2, 11), K=48, V=40, dtype=torch.bfloat16, token_tile=3),
+    Case("tile4-skips", (3, 4, 2), null_slot_id=-1, invalid="tokens", token_tile=4),
+    Case("tile4-skipped-request", lens=(3, 2), invalid="initial", token_tile=4),
+    Case("tile4-fewer-cols", lens=(4,), cols=2, HV=2, token_tile=4),
+    Case("tile1-decode-style", lens=(3, 2), token_tile=1, block_v=8),
+    # The small-batch launch: whole-request tiles (0) on [2, V] tiles.
+    Case("small-batch-launch", lens=(3, 2, 4), K=48, V=40, block_v=2, token_tile=0),
+    Case("tile2-of-4-cols", lens=(4, 3), token_tile=2, layout="shuffled", n_nonspec=4),
+    Case("many-cols-no-slot-tile", lens=(3, 2), cols=20, HV=2),
     *(Case(f"random-{s}", lens=(), layout="interleaved", seed=s) for s in range(3)),
 ]
 
@@ -164,6 +173,10 @@ def make_inputs(case: Case, device: str) -> dict[str, Any]:
         q = buf[:, : H * K].unflatten(1, (H, K))
         k = buf[:, H * K : 2 * H * K].unflatten(1, (H, K))
         v = buf[:, 2 * H * K : width].unflatten(1, (HV, V))
+    elif case.qkv == "k-major":
+        q = randn(T, K, H, dtype=dt).transpose(1, 2)
+        k = randn(T, K, H, dtype=dt).transpose(1, 2)
+        v = randn(T, V, HV, dtype=dt).transpose(1, 2)
     else:
         q, k = randn(T, H, K, dtype=dt), randn(T, H, K, dtype=dt)
         v = randn(T, HV, V, dtype=dt)
@@ -233,7 +246,8 @@ def _run_and_compare(case: Case, device: str) -> None:
         null_slot_id=case.null_slot_id,
         out=out,
         block_v=case.block_v,
-        preload_qkv=case.preload_qkv,
+        preload=case.preload,
+        token_tile=case.token_tile,
         **kwargs,
     )
     assert got is out
@@ -300,6 +314,78 @@ def test_wrapper_mirrors_vllm_call(device: str) -> None:
     torch.testing.assert_close(
         final_state.cpu().double(), ref_state, atol=1e-4, rtol=1e-4, equal_nan=True
     )
+
+
+def _wrapper_call(x: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        A_log=x["A_log"],
+        a=x["a"],
+        b=x["b"],
+        dt_bias=x["dt_bias"],
+        q=x["q"][None],
+        k=x["k"][None],
+        v=x["v"][None],
+        initial_state=x["state"],
+        inplace_final_state=True,
+        cu_seqlens=x["cu_seqlens"],
+        ssm_state_indices=x["ssm_state_indices"],
+        num_accepted_tokens=x["num_accepted_tokens"],
+        use_qk_l2norm_in_kernel=True,
+        spec_token_indx=x["spec_token_indx"],
+        null_slot_id=0,
+    )
+
+
+def test_eager_wrapper_skips_the_dispatcher_with_identical_results(device: str) -> None:
+    # The eager wrapper launches from its cached plan; the op launches the
+    # same kernel: outputs and states must be bitwise equal, call after call.
+    x = make_inputs(Case("direct", lens=(3, 2, 4), layout="interleaved", gates="chunked"), device)
+    x["state"] = torch.nan_to_num(x["state"])
+    start = x["state"].clone()
+    spec_update._PLANS.clear()
+    for _ in range(2):  # the second call hits the cached plan
+        x["state"].copy_(start)
+        out, _ = gated_delta_rule_spec_update(**_wrapper_call(x))
+        direct_state = x["state"].clone()
+        x["state"].copy_(start)
+        ref = torch.ops.gdn_backport.gated_delta_rule_spec_update_v1(*_op_args(x))
+        assert torch.equal(out[0], ref)
+        assert torch.equal(direct_state, x["state"])
+    plans = [p for k, p in spec_update._PLANS.items() if k[0][0] == "wrapper"]
+    assert len(plans) == 1 and not isinstance(plans[0], str) and plans[0].direct
+
+
+def test_wrapper_under_a_dispatch_mode_goes_through_the_op(device: str) -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[str] = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = make_inputs(Case("mode", lens=(2, 1)), device)
+    x["state"] = torch.nan_to_num(x["state"])
+    with Log():
+        gated_delta_rule_spec_update(**_wrapper_call(x))
+    assert "gdn_backport.gated_delta_rule_spec_update_v1.default" in seen
+
+
+def test_supported_verdicts_are_cached(device: str) -> None:
+    x = make_inputs(Case("cached", lens=(2, 3), HV=4, H=2), device)
+    call = _wrapper_call(x)
+    spec_update._PLANS.clear()
+    assert spec_update_supported(**call) == (True, "")
+    assert len(spec_update._PLANS) == 1
+    assert spec_update_supported(**call) == (True, "")
+    assert len(spec_update._PLANS) == 1
+    bad = {**call, "v": call["v"][..., :2, :]}  # HV=2 heads against the gates' 4
+    first = spec_update_supported(**bad)
+    assert not first[0] and "a, b: expected" in first[1], first
+    assert spec_update_supported(**bad) == first
+    with pytest.raises(ValueError, match="a, b"):
+        gated_delta_rule_spec_update(**bad)
 
 
 def test_wrapper_fixed_length_batch(device: str) -> None:
@@ -440,6 +526,11 @@ def test_wrapper_traces_whole_under_torch_compile(device: str) -> None:
         Case("h200-hv32-n64", (4,) * 64, H=16, HV=32, K=128, V=128, n_nonspec=40),
         Case("h200-hv48-n8-bf16", (4,) * 8, 16, 48, 128, 128, dtype=torch.bfloat16),
         Case("h200-k256", (2,) * 4, H=4, HV=8, K=256, V=256, layout="interleaved"),
+        Case("h200-tile4-hv32", (4,) * 8, 16, 32, 128, 128, dtype=torch.bfloat16, token_tile=4),
+        Case("h200-n1-hv16-8-tokens", (8,), 16, 16, 128, 128, dtype=torch.bfloat16),
+        Case("h200-tile1-bv8", (4,) * 64, 16, 32, 128, 128, token_tile=1, block_v=8),
+        Case("h200-loads-in-loop", (4,) * 8, 16, 32, 128, 128, preload=False, block_v=2),
+        Case("h200-bf16-state-tile8", (8, 5, 8), 16, 32, 128, 128, state_dtype=torch.bfloat16),
     ],
     ids=lambda c: c.id,
 )
@@ -481,3 +572,72 @@ def test_gpu_torch_compile_and_cuda_graph() -> None:
     torch.cuda.synchronize()
     torch.testing.assert_close(graph_out, eager)
     torch.testing.assert_close(x["state"], eager_state)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_direct_launch_respects_pointer_alignment() -> None:
+    # Two calls with the same metadata but q/k/v 16-byte aligned, then not:
+    # the kernel compiled for the first must not serve the second.
+    case = Case("align", (4,) * 4, H=4, HV=8, K=128, V=128, dtype=torch.bfloat16)
+    x = make_inputs(case, "cuda")
+    x["state"] = torch.nan_to_num(x["state"])
+    start = x["state"].clone()
+    ref_out, ref_state = gated_delta_rule_spec_update_naive(
+        **{k: (v.cpu() if v is not None else None) for k, v in x.items()}, null_slot_id=0
+    )
+    shifted = dict(x)
+    for name in ("q", "k", "v"):
+        buf = torch.empty(x[name].numel() + 1, dtype=x[name].dtype, device="cuda")
+        shifted[name] = buf[1:].view_as(x[name]).copy_(x[name])
+        assert shifted[name].data_ptr() % 16 != 0
+    for inputs in (x, shifted, x):
+        x["state"].copy_(start)
+        out, _ = gated_delta_rule_spec_update(**_wrapper_call(inputs))
+        torch.testing.assert_close(out[0].cpu().double(), ref_out, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(x["state"].cpu().double(), ref_state, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_wrapper_captured_in_a_cuda_graph_matches_eager() -> None:
+    # Eager: the direct launch; captured: through the op. Same results.
+    case = Case("wrapper-graph", (4,) * 8, H=4, HV=8, K=128, V=128, gates="chunked")
+    x = make_inputs(case, "cuda")
+    x["state"] = torch.nan_to_num(x["state"])
+    state0 = x["state"].clone()
+    eager, _ = gated_delta_rule_spec_update(**_wrapper_call(x))
+    eager_state = x["state"].clone()
+    x["state"].copy_(state0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured, _ = gated_delta_rule_spec_update(**_wrapper_call(x))
+    x["state"].copy_(state0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+    assert torch.equal(x["state"], eager_state)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_repeated_eager_calls_launch_directly(monkeypatch: pytest.MonkeyPatch) -> None:
+    # After the first call compiled and cached the kernel, eager calls must
+    # not go through Triton's JIT launch path (its binding and specialising
+    # is the host time this saves).
+    x = make_inputs(Case("direct-gpu", (4,) * 4, H=4, HV=8, K=128, V=128), "cuda")
+    x["state"] = torch.nan_to_num(x["state"])
+    gated_delta_rule_spec_update(**_wrapper_call(x))
+    kernel = spec_update.gated_delta_rule_spec_update_fwd_kernel
+    calls: list[int] = []
+    run = kernel.run
+
+    def counting_run(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(kernel, "run", counting_run)
+    for _ in range(3):
+        gated_delta_rule_spec_update(**_wrapper_call(x))
+    torch.cuda.synchronize()
+    assert calls == []
