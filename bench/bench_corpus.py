@@ -42,7 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--negative", action="store_true", help="also verify unpatched variants fail")
     p.add_argument("--json", type=Path, help="write every case's result here")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where verify runs")
+    p.add_argument("--heads", help="H,HV,D of the verified layer (default: small CPU shape)")
     args = p.parse_args(argv)
+    heads = tuple(int(x) for x in args.heads.split(",")) if args.heads else None
+    assert heads is None or len(heads) == 3, "--heads H,HV,D"
 
     scenarios = None if args.no_verify else tuple(args.scenarios.split(","))
     if scenarios is not None:
@@ -67,7 +71,17 @@ def main(argv: list[str] | None = None) -> int:
             for var in variants:
                 source = corpus.variant_source(original, lay, var)
                 for strategy in strategies:
-                    r = corpus.run_case(base, lay, var, strategy, work, scenarios, source)
+                    r = corpus.run_case(
+                        base,
+                        lay,
+                        var,
+                        strategy,
+                        work,
+                        scenarios,
+                        source,
+                        args.device,
+                        heads,  # type: ignore[arg-type]
+                    )
                     results.append(r)
                     flag = "WRONG " if r.wrong else ""
                     print(
@@ -76,7 +90,14 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
                 if args.negative and var.gather.outcome == "patched":
-                    failed, note = corpus.unpatched_fails(base, lay, var, work)
+                    failed, note = corpus.unpatched_fails(
+                        base,
+                        lay,
+                        var,
+                        work,
+                        device=args.device,
+                        heads=heads,  # type: ignore[arg-type]
+                    )
                     negatives.append((lay.version, var.name, failed, note))
     elapsed = time.perf_counter() - t0
 

@@ -1437,6 +1437,8 @@ def run_case(
     work: Path,
     verify: Sequence[str] | None = None,
     source: str | None = None,
+    device: str = "cpu",
+    heads: tuple[int, int, int] | None = None,
 ) -> CaseResult:
     """Drive one variant through scan, apply (and verify, revert) on a copy.
 
@@ -1480,7 +1482,7 @@ def run_case(
         res.got = "fixed" if res.scan_status == "fixed" else f"unchanged ({res.scan_status})"
         if res.got == "fixed" and verify is not None:
             # "fixed" is a claim about the code: the variant itself must pass.
-            _verify(res, tree, verify, "WRONG VERDICT: fixed, but verify failed")
+            _verify(res, tree, verify, "WRONG VERDICT: fixed, but verify failed", device, heads)
     elif code == 0:
         res.got = "patched"
         changed = set(after) ^ set(before) | {k for k in after if after.get(k) != before.get(k)}
@@ -1489,7 +1491,7 @@ def run_case(
         site = _site(json.loads(out), lay.path, lay.cls)
         if not site or (site["status"], site["changed"]) != ("fixed", True):
             problems.append(f"apply reports {site}")
-        _after_patch(res, tree, strategy, before, after, verify)
+        _after_patch(res, tree, strategy, before, after, verify, device, heads)
     else:
         res.got = f"exit {code}"
         problems.append(f"apply exit {code}: {err.strip()}")
@@ -1507,6 +1509,8 @@ def _after_patch(
     before: dict[str, bytes],
     after: dict[str, bytes],
     verify: Sequence[str] | None,
+    device: str = "cpu",
+    heads: tuple[int, int, int] | None = None,
 ) -> None:
     """The patched variant: checked clean, idempotent, verified, reverted."""
     problems = res.problems
@@ -1517,19 +1521,24 @@ def _after_patch(
     if code != 0 or snapshot(tree) != after:
         problems.append(f"second apply not a no-op: exit {code} {err.strip()}")
     if verify is not None:
-        _verify(res, tree, verify, "WRONG PATCH: verify failed")
+        _verify(res, tree, verify, "WRONG PATCH: verify failed", device, heads)
     code, _, err = _cli("revert", str(tree))
     if code != 0 or snapshot(tree) != before:
         problems.append(f"revert did not restore the bytes: exit {code} {err.strip()}")
 
 
-def _report(tree: Path, scenarios: Sequence[str]) -> tuple[bool | None, str]:
+def _report(
+    tree: Path,
+    scenarios: Sequence[str],
+    device: str = "cpu",
+    heads: tuple[int, int, int] | None = None,
+) -> tuple[bool | None, str]:
     """Verify ``tree`` on CPU: (passed, one-line notes); None when the
     harness itself broke (not a verdict on the tree)."""
     from gdn_backport.verify import verify_tree
 
     try:
-        report = verify_tree(tree, device="cpu", scenarios=list(scenarios))
+        report = verify_tree(tree, device=device, scenarios=list(scenarios), heads=heads)
     except Exception as exc:
         return None, f"verify raised {type(exc).__name__}: {exc}"
     note = report.error or "; ".join(
@@ -1540,8 +1549,16 @@ def _report(tree: Path, scenarios: Sequence[str]) -> tuple[bool | None, str]:
     return report.passed, note
 
 
-def _verify(res: CaseResult, tree: Path, scenarios: Sequence[str], wrong: str) -> None:
-    passed, res.verify_note = _report(tree, variant(res.variant).scenarios(scenarios))
+def _verify(
+    res: CaseResult,
+    tree: Path,
+    scenarios: Sequence[str],
+    wrong: str,
+    device: str = "cpu",
+    heads: tuple[int, int, int] | None = None,
+) -> None:
+    asked = variant(res.variant).scenarios(scenarios)
+    passed, res.verify_note = _report(tree, asked, device, heads)
     res.verified = passed
     if passed is None:
         res.problems.append(f"could not verify: {res.verify_note}")
@@ -1550,7 +1567,13 @@ def _verify(res: CaseResult, tree: Path, scenarios: Sequence[str], wrong: str) -
 
 
 def unpatched_fails(
-    base: Path, lay: Layout, var: Variant, work: Path, scenarios: Sequence[str] = ("pr_layout",)
+    base: Path,
+    lay: Layout,
+    var: Variant,
+    work: Path,
+    scenarios: Sequence[str] = ("pr_layout",),
+    device: str = "cpu",
+    heads: tuple[int, int, int] | None = None,
 ) -> tuple[bool, str]:
     """The mutation check of one variant: unpatched, the mixed scenarios must
     fail, or the variant does not carry the bug and proves nothing.
@@ -1561,7 +1584,7 @@ def unpatched_fails(
     from gdn_backport.verify import verify_tree
 
     try:
-        report = verify_tree(tree, device="cpu", scenarios=list(scenarios))
+        report = verify_tree(tree, device=device, scenarios=list(scenarios), heads=heads)
     except Exception as exc:
         return False, f"verify raised {type(exc).__name__}: {exc}"
     finally:

@@ -54,11 +54,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(".gpu/trees.tar.xz"))
     ap.add_argument("--since", default="0.10.2")
+    ap.add_argument("--release", action="append", help="only these releases")
     args = ap.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(args.out, "w:xz") as out:
         for r in matrix.load().releases:
             if r.wheel_only or Version(r.version) < Version(args.since):
+                continue
+            if args.release and r.version not in args.release:
                 continue
             tree = sources.release_tree(r.version)
             files = sorted(files_of(tree))
