@@ -1159,8 +1159,8 @@ VARIANTS: tuple[Variant, ...] = (
         "gates gathered inline in the call, also on the fast path (correct at run "
         "time, since the fast path's index is the identity, but not provable)",
         _inline_gate_gather,
-        refused("passed as an expression"),
-        refused("already gathered"),
+        refused("right only if every row is a spec token"),
+        refused("right only if every row is a spec token"),
     ),
     Variant(
         "ifexp_fast_path",

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -1189,18 +1188,25 @@ class FlowWalker:
             return frozenset({NONE_VAL})
         if len(parts) == 1 and fn is join:
             return parts[0]
-        total = 1
-        for p in parts:
-            total *= len(p)
-        if total > _MAX_VALS:
-            return frozenset({Val(NO_ASSUME, Prov.CONFLICT)})
-        out: set[Val] = set()
-        for combo in itertools.product(*parts):
-            a = consistent(*(v.assume for v in combo))
-            if a is None:
-                continue
-            defs = frozenset().union(*(v.defs for v in combo))
-            out.add(Val(a, fn(v.prov for v in combo), defs))
+        # Fold the parts one by one, dropping contradicting pairs as early as
+        # possible (values of one arm only meet values of the same arm): the
+        # product of the parts is far larger than what stays consistent.
+        # A partial combination keeps the set of its rows' selections (join
+        # and _opaque depend on nothing else), so equal ones merge.
+        partial: set[tuple[Assume, frozenset[Prov], frozenset[int]]] = {
+            (NO_ASSUME, frozenset(), frozenset())
+        }
+        for part in parts:
+            step: set[tuple[Assume, frozenset[Prov], frozenset[int]]] = set()
+            for assume, provs, defs in partial:
+                for v in part:
+                    a = consistent(assume, v.assume)
+                    if a is not None:
+                        step.add((a, provs | {v.prov}, defs | v.defs))
+            if len(step) > _MAX_VALS:
+                return frozenset({Val(NO_ASSUME, Prov.CONFLICT)})
+            partial = step
+        out = {Val(a, fn(provs), defs) for a, provs, defs in partial}
         return self._cap(out) if out else frozenset({NONE_VAL})
 
     @staticmethod

@@ -41,6 +41,22 @@ CI_VERIFY = (
     ("0.27.1", "release", "gather"),
     ("0.27.1", "no_fast_path", "gather"),
     ("0.27.1", "rename_gates", "kernel"),
+    # The spec path through helpers and fork kernels (issue 12).
+    ("0.27.1", "helper_positional", "gather"),
+    ("0.27.1", "two_levels", "gather"),
+    ("0.21.0", "imported_helper", "gather"),
+    ("0.18.1", "fork_kernel_declared", "gather"),
+    ("0.27.1", "none_guard", "gather"),
+    ("0.21.0", "identity_index", "gather"),
+    ("0.27.1", "helper_fixed", "gather"),
+)
+
+# Chain variants that must fail the PR's layout unpatched on the real
+# kernels: the patched results above prove something only if so.
+CI_NEGATIVE = (
+    ("0.27.1", "helper_reads_metadata"),
+    ("0.21.0", "imported_helper"),
+    ("0.18.1", "fork_kernel_declared"),
 )
 
 
@@ -100,9 +116,8 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {lay.version: corpus.slim_tree(lay.version, root / lay.version) for lay in LAYOUTS}
 
 
-def _verify_scenarios(case: tuple[str, str, str]) -> tuple[str, ...] | None:
-    if case not in CI_VERIFY:
-        return None
+def _can_verify() -> bool:
+    """Triton runs the kernels here (under the interpreter on CPU)."""
     from gdn_backport.verify import triton_problem
 
     problem = triton_problem()
@@ -110,8 +125,14 @@ def _verify_scenarios(case: tuple[str, str, str]) -> tuple[str, ...] | None:
         # CI installs a Triton that runs the kernels: there, never skip.
         if os.environ.get("GDN_BACKPORT_REQUIRE_TRITON") == "1":
             pytest.fail(problem)
-        return None
+        return False
     os.environ["TRITON_INTERPRET"] = "1"
+    return True
+
+
+def _verify_scenarios(case: tuple[str, str, str]) -> tuple[str, ...] | None:
+    if case not in CI_VERIFY or not _can_verify():
+        return None
     return SCENARIOS
 
 
@@ -139,17 +160,33 @@ def test_variant(
     assert result.got == var.expect(strategy).outcome
 
 
+@pytest.mark.parametrize(("version", "name"), CI_NEGATIVE, ids=[f"{v}-{n}" for v, n in CI_NEGATIVE])
+def test_chain_variant_fails_unpatched(
+    version: str, name: str, bases: dict[str, Path], tmp_path: Path
+) -> None:
+    if (
+        _verify_scenarios((version, "release", "gather" if version != "0.21.0" else "kernel"))
+        is None
+    ):
+        pytest.skip("no Triton that runs the kernels here")
+    failed, notes = corpus.unpatched_fails(
+        bases[version], corpus.layout(version), corpus.variant(name), tmp_path
+    )
+    assert failed, notes
+
+
 def test_every_variant_applies_to_every_layout() -> None:
     """Each transformation finds its anchors in every layout, changes the
     source, and the result parses; no vLLM source is kept anywhere."""
     for lay in LAYOUTS:
-        seen: set[str] = set()
+        seen: set[tuple[str, str]] = set()
         for var in VARIANTS:
-            text = _source(lay.version, var.name)
+            text, files = corpus.variant_files(_original(lay.version), lay, var)
             ast.parse(text)
             assert (text == _original(lay.version)) == (var.name == "release"), var.name
-            assert text not in seen, f"{var.name} duplicates another variant"
-            seen.add(text)
+            key = (text, repr(sorted(files.items())))
+            assert key not in seen, f"{var.name} duplicates another variant"
+            seen.add(key)
 
 
 def test_expectations_are_complete() -> None:
