@@ -9,6 +9,7 @@ written stops the whole run before anything changes (exit 2).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import enum
 import glob
@@ -132,14 +133,28 @@ def apply_tree(
     *,
     root: Path | None = None,
     before_write: BeforeWrite | None = None,
+    within: str | None = None,
 ) -> Outcome:
     """``root``: the tree paths and records are relative to, when ``path``
-    is a folder below it (``--installed``: site-packages for ``vllm/``)."""
+    is a folder below it (``--installed``: site-packages for ``vllm/``);
+    ``within``: the folder below ``root`` every record must name (``vllm``)."""
     patchset = load()
     if strategy not in patchset.strategies or strategy not in registry.CODEMODS:
         choices = ", ".join(registry.CODEMODS)
         raise UsageError(f"--strategy {strategy}: unknown (choose from {choices})")
     root = root or tree_root(path)
+    return _apply(path, strategy, mode, root, before_write, within)
+
+
+def _apply(
+    path: Path,
+    strategy: str,
+    mode: Mode,
+    root: Path,
+    before_write: BeforeWrite | None,
+    within: str | None,
+) -> Outcome:
+    patchset = load()
     out = Outcome(root)
     staged: list[tuple[Path, str, bytes, bytes]] = []  # (file, rel, original, new)
     for file in locate.python_files(path):
@@ -187,7 +202,7 @@ def apply_tree(
     elif mode is Mode.DRY_RUN:
         out.message = "dry run: nothing was changed"
     elif mode is Mode.WRITE:
-        _write(root, staged, strategy, patchset.upstream, out)
+        _write(root, staged, strategy, patchset.upstream, out, within)
         for c in out.changes:
             c.changed = c.site.path in out.written and c.rewritten.status is not c.site.status
     return out
@@ -199,6 +214,14 @@ def _match(after: list[Site], site: Site) -> Site:
     return min(same, key=lambda s: abs(s.line - site.line)) if same else site
 
 
+def _text(path: Path, data: bytes) -> str:
+    """Source text for a diff; undecodable bytes shown escaped, never an error."""
+    try:
+        return locate.decode(path, data)
+    except UsageError:
+        return data.decode("utf-8", "backslashreplace")
+
+
 def _replace_all(files: list[tuple[Path, bytes, bytes]]) -> None:
     """Replace each ``(file, current, new)`` atomically, all or none.
 
@@ -206,6 +229,8 @@ def _replace_all(files: list[tuple[Path, bytes, bytes]]) -> None:
     before the first rename. If a rename fails (EROFS, EACCES, EPERM on an
     immutable file), the files already replaced get their ``current`` bytes
     back, so a run leaves either every file new or every file as it was.
+    UsageError either way; if even putting a file back fails, it says so
+    (that file then holds the new bytes, and its record stays).
     """
     temps: list[tuple[Path, Path]] = []
     done: list[tuple[Path, bytes]] = []
@@ -222,43 +247,43 @@ def _replace_all(files: list[tuple[Path, bytes, bytes]]) -> None:
             try:
                 atomic.commit(tmp, file)
             except OSError as exc:
+                why = f"{file}: cannot write ({exc.strerror})"
                 for undo, old in reversed(done):
-                    atomic.write_atomic(undo, old)
-                raise UsageError(f"{file}: cannot write ({exc.strerror})") from exc
+                    try:
+                        atomic.write_atomic(undo, old)
+                    except (OSError, UsageError) as again:
+                        why += f"; {undo} keeps the new bytes (cannot put it back: {again})"
+                raise UsageError(why) from exc
             done.append((file, current))
     finally:
         for tmp, _ in temps:
             tmp.unlink(missing_ok=True)
 
 
+Staged = tuple[Path, str, bytes, bytes]  # (file to write, record path, original, new)
+
+
 def _write(
     root: Path,
-    staged: list[tuple[Path, str, bytes, bytes]],
+    staged: list[Staged],
     strategy: str,
     upstream: str,
     out: Outcome,
+    within: str | None = None,
 ) -> None:
     for file, _, _, _ in staged:
         atomic.check_writable(file)
     with atomic.tree_lock(root):
-        records = Records(root)
-        for _, rel, original, _ in staged:
-            # The file was replaced since we patched it (a reinstall, an
-            # upgrade, a checkout): its bytes now are the original to keep,
-            # or revert would put another version's file back.
-            rec = records.entries.get(rel)
-            if rec is not None and sha256(original) != rec.patched_sha256:
-                records.drop(rel)
-        before = dict(records.entries)
+        records = Records(root, within)
         # The records go first: a process killed between the renames below
-        # leaves each file whole (old or new) and revert able to undo it.
+        # leaves each file whole (old or new) and revert able to undo it. A
+        # record is keyed by the bytes we write, so earlier records (another
+        # branch's patched file, a file since replaced by a reinstall) stay.
+        added: list[tuple[Record, Record | None]] = []
         try:
             for _, rel, original, new in staged:
-                records.add(
-                    rel,
-                    original,
-                    Record(sha256(original), sha256(new), strategy, upstream, __version__),
-                )
+                rec = Record(rel, sha256(original), sha256(new), strategy, upstream, __version__)
+                added.append((rec, records.add(rec, original)))
             records.save()
         except OSError as exc:
             why = f"cannot keep the originals ({exc.strerror})"
@@ -266,59 +291,99 @@ def _write(
         try:
             _replace_all([(file, original, new) for file, _, original, new in staged])
         except UsageError:
-            # Nothing was written: forget this run's records again.
-            for _, rel, _, _ in staged:
-                if rel not in before:
-                    records.drop(rel)
-            records.entries = before
-            records.save()
+            _forget(records, added, staged)
             raise
+        records.collect()
         out.written.extend(relative(file, root) for file, _, _, _ in staged)
     out.message = f"patched {len(out.written)} file(s); undo with `gdn-backport revert`"
 
 
-def revert_tree(path: Path, mode: Mode = Mode.WRITE, *, root: Path | None = None) -> Outcome:
+def _forget(
+    records: Records, added: list[tuple[Record, Record | None]], staged: list[Staged]
+) -> None:
+    """After a failed write: drop this run's record of each file that holds
+    its original bytes again (a file left with the new bytes keeps its
+    record, whatever else fails), put back what a record replaced."""
+    for (rec, replaced), (file, _, original, _) in zip(added, staged, strict=True):
+        try:
+            back = file.read_bytes() == original
+        except OSError:
+            back = False
+        if back:
+            records.remove(rec)
+            if replaced is not None:
+                records.put_back(replaced)
+    with contextlib.suppress(OSError, UsageError):
+        records.save()
+
+
+def revert_tree(
+    path: Path, mode: Mode = Mode.WRITE, *, root: Path | None = None, within: str | None = None
+) -> Outcome:
+    """Restore every recorded file that holds the bytes a record says we
+    wrote; a file that holds its original keeps its record (another
+    checkout may have it patched). ``within``: see :class:`Records`."""
     root = root or tree_root(path)
+    return _revert(path, mode, root, within)
+
+
+def _revert(path: Path, mode: Mode, root: Path, within: str | None) -> Outcome:
     out = Outcome(root)
-    records = Records(root)
+    records = Records(root, within)
     only = relative(path, root) if path.is_file() else None
-    wanted = [r for r in sorted(records.entries) if only is None or r == only]
+    wanted = [rel for rel in records.paths() if only is None or rel == only]
     if not wanted:
         out.message = "nothing to revert: no gdn-backport record in this tree"
         return out
-    restore: list[tuple[Path, str, bytes, bytes]] = []
+    restore: list[tuple[Path, str, bytes, bytes, Record]] = []
+    kept = 0
     for rel in wanted:
         file = root / rel
-        rec = records.entries[rel]
-        if not file.exists():
-            out.refused.append((rel, "patched file is gone"))
+        try:
+            current = file.read_bytes()
+        except FileNotFoundError:
+            out.refused.append((rel, "patched file is gone; nothing to restore it over"))
             continue
-        current = file.read_bytes()
-        if sha256(current) == rec.original_sha256:
-            continue  # already the original (reverted by other means)
-        if sha256(current) != rec.patched_sha256:
+        except OSError as exc:
+            out.refused.append((rel, f"cannot read ({exc.strerror})"))
+            continue
+        digest = sha256(current)
+        rec = records.matching(rel, digest)
+        if rec is None:
+            if any(r.original_sha256 == digest for r in records.for_path(rel)):
+                kept += 1  # the original is there (reverted, or another checkout)
+                continue
             out.refused.append((rel, "changed since gdn-backport patched it; not restoring"))
             continue
-        original = records.original(rel)
-        out.diff += _diff(rel, current.decode("utf-8"), original.decode("utf-8"))
-        restore.append((file, rel, current, original))
+        original = records.original(rec)
+        out.diff += _diff(rel, _text(file, current), _text(file, original))
+        restore.append((file, rel, current, original, rec))
     patchset = load()
     if out.refused:
         out.message = "refused: nothing was changed"
         out.diff = ""
         return out
+    if not restore:
+        out.message = (
+            f"nothing to revert: {kept} recorded file(s) hold their original bytes "
+            "(their records are kept for a checkout where they are patched)"
+        )
+        return out
     if mode is not Mode.WRITE:
         out.message = "dry run: nothing was changed"
         return out
-    for file, _, _, _ in restore:
+    for file, _, _, _, _ in restore:
         atomic.check_writable(file)
     with atomic.tree_lock(root):
-        _replace_all([(file, current, original) for file, _, current, original in restore])
-        out.written.extend(rel for _, rel, _, _ in restore)
-        for rel in wanted:
-            records.drop(rel)
+        _replace_all([(file, current, original) for file, _, current, original, _ in restore])
+        out.written.extend(rel for _, rel, _, _, _ in restore)
+        # The files first: killed here, a record whose file holds its
+        # original is harmless.
+        for _, _, _, _, rec in restore:
+            records.remove(rec)
         records.save()
-    for file, rel, current, _ in restore:
+        records.collect()
+    for file, rel, current, _, _ in restore:
         for s in scan_text(rel, locate.decode(file, current), patchset, file):
             restored = _match(scan_file(file, root, patchset), s)
             out.changes.append(SiteChange(s, restored, True))

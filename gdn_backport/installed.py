@@ -90,7 +90,14 @@ def apply(inst: InstalledVllm, strategy: str, mode: Mode) -> tuple[Outcome, list
         if mode is Mode.WRITE:
             check_writable(inst.root, [file for file, _ in staged])
 
-    out = apply_tree(inst.package, strategy, mode, root=inst.root, before_write=before_write)
+    out = apply_tree(
+        inst.package,
+        strategy,
+        mode,
+        root=inst.root,
+        before_write=before_write,
+        within=inst.package.name,
+    )
     if out.written:
         out.message = (
             f"patched {len(out.written)} file(s); undo with `gdn-backport revert --installed`"
@@ -99,7 +106,7 @@ def apply(inst: InstalledVllm, strategy: str, mode: Mode) -> tuple[Outcome, list
 
 
 def revert(inst: InstalledVllm, mode: Mode) -> tuple[Outcome, list[tuple[Path, str]]]:
-    out = revert_tree(inst.package, mode, root=inst.root)
+    out = revert_tree(inst.package, mode, root=inst.root, within=inst.package.name)
     return out, _drop_caches(inst.root, out.written)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import tempfile
@@ -273,7 +274,8 @@ def test_git_failing_after_the_write_rolls_back(
     lock.unlink()
     assert code == 2 and "the files and branches are as before" in err
     assert state(repo) == before
-    assert (root / ".gdn-backport" / "manifest.json").read_text() == "{}\n"
+    manifest = json.loads((root / ".gdn-backport" / "manifest.json").read_text())
+    assert manifest == {"format": 2, "records": []}
 
 
 def test_rollback_leaves_earlier_patches_alone(
