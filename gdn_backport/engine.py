@@ -143,7 +143,13 @@ def apply_tree(
         choices = ", ".join(registry.CODEMODS)
         raise UsageError(f"--strategy {strategy}: unknown (choose from {choices})")
     root = root or tree_root(path)
-    return _apply(path, strategy, mode, root, before_write, within)
+    # A writing run holds the tree's lock from its first read to its last
+    # write: a second run waits, then plans on what the first one left.
+    lock: contextlib.AbstractContextManager[None] = (
+        atomic.tree_lock(root) if mode is Mode.WRITE else contextlib.nullcontext()
+    )
+    with lock:
+        return _apply(path, strategy, mode, root, before_write, within)
 
 
 def _apply(
@@ -324,7 +330,11 @@ def revert_tree(
     wrote; a file that holds its original keeps its record (another
     checkout may have it patched). ``within``: see :class:`Records`."""
     root = root or tree_root(path)
-    return _revert(path, mode, root, within)
+    if mode is not Mode.WRITE or not (root / atomic.STATE_DIR).exists():
+        # No records folder, no record: nothing to lock for.
+        return _revert(path, mode, root, within)
+    with atomic.tree_lock(root):
+        return _revert(path, mode, root, within)
 
 
 def _revert(path: Path, mode: Mode, root: Path, within: str | None) -> Outcome:

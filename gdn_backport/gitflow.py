@@ -94,7 +94,12 @@ def apply_git(
     if not commit and patch is None:
         raise UsageError("apply: --commit or --format-patch FILE is needed here")
     root = tree_root(tree)
-    with _open(root) as (repo, top):
+    # --commit writes: the whole run (the dirty check, the write, the branch)
+    # holds the tree's lock; --format-patch alone writes nothing in the tree.
+    lock: contextlib.AbstractContextManager[None] = (
+        atomic.tree_lock(root) if commit else contextlib.nullcontext()
+    )
+    with lock, _open(root) as (repo, top):
         result = GitResult(Outcome(root), top)
         branch = branch or default_branch()
         _check_repo(repo, top, branch if commit else None, allow_dirty or not commit)

@@ -472,9 +472,16 @@ def _child(point: str, target: Path, tree: Path, ready: Path) -> subprocess.Pope
     return proc
 
 
-def test_a_second_process_is_refused_while_one_writes(
-    capsys: pytest.CaptureFixture[str], affected_tree: Path, tmp_path: Path
+def test_a_second_process_waits_for_the_lock_then_gives_up(
+    capsys: pytest.CaptureFixture[str],
+    affected_tree: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """While one run holds the lock (here stopped just before its rename), a
+    second apply or revert waits; after GDN_BACKPORT_LOCK_TIMEOUT it gives
+    up with one line naming the lock and the holder's pid."""
+    monkeypatch.setenv("GDN_BACKPORT_LOCK_TIMEOUT", "0.5")
     target = affected_tree / SITE
     proc = _child("rename", target, affected_tree, tmp_path / "ready")
     before = snapshot(affected_tree)  # the child's staged temporary included
@@ -483,7 +490,7 @@ def test_a_second_process_is_refused_while_one_writes(
             code, _, err = run(capsys, *argv, str(affected_tree))
             assert code == 2
             lock = affected_tree / atomic.STATE_DIR / "lock"
-            refused(err, str(lock), "another gdn-backport run is writing this tree")
+            refused(err, str(lock), f"another gdn-backport run (pid {proc.pid}) holds", "0.5 s")
             assert snapshot(affected_tree) == before
     finally:
         proc.kill()
@@ -520,9 +527,12 @@ def test_killed_mid_write_leaves_whole_files(
     assert snapshot(tree) == before
 
 
-def test_a_lock_held_by_a_plain_flock(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_a_lock_held_by_a_plain_flock(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Any holder of the lock (e.g. a wrapper script serialising its own
-    runs) stops a writer; readers (scan, --check) are not blocked."""
+    runs) makes a writer wait; readers (scan, --check) are not blocked."""
+    monkeypatch.setenv("GDN_BACKPORT_LOCK_TIMEOUT", "0.2")
     _two_affected(tmp_path)
     state = tmp_path / atomic.STATE_DIR
     state.mkdir()
@@ -533,7 +543,7 @@ def test_a_lock_held_by_a_plain_flock(capsys: pytest.CaptureFixture[str], tmp_pa
         assert run(capsys, "apply", "--check", str(tmp_path))[0] == 1
         code, _, err = run(capsys, "apply", str(tmp_path))
         assert code == 2
-        refused(err, str(state / "lock"), "another gdn-backport run")
+        refused(err, str(state / "lock"), "another gdn-backport run holds this tree's lock")
     assert snapshot(tmp_path) == before
 
 
