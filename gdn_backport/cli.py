@@ -158,13 +158,19 @@ def _resolve(args: argparse.Namespace, write: bool) -> Path:
     return work
 
 
+def _where(site: Site) -> str:
+    """``path:line``, and where a symbolic link on the way really leads."""
+    at = f"{site.path}:{site.line}"
+    return f"{at} -> {site.target}" if site.target else at
+
+
 def _print_sites(root: Path, sites: Sequence[Site]) -> None:
     print(f"tree: {root}")
     print(vllm_version.line(vllm_version.detect(root)))
     if not sites:
         print("no GDN spec path found")
         return
-    rows = [(f"{s.path}:{s.line}", s.function, s.status.value, s.reason) for s in sites]
+    rows = [(_where(s), s.function, s.status.value, s.reason) for s in sites]
     print(table(["site", "function", "status", "reason"], rows))
 
 
@@ -200,7 +206,7 @@ def _print_outcome(
         print(f"tree: {out.tree}")
         print(vllm_version.line(version))
         rows = [
-            (f"{c.site.path}:{c.site.line}", c.site.function, c.site.status.value,
+            (_where(c.site), c.site.function, c.site.status.value,
              c.rewritten.status.value, "yes" if c.changed else "no")
             for c in out.changes
         ]  # fmt: skip

@@ -13,8 +13,9 @@ import contextlib
 import difflib
 import enum
 import glob
+import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import libcst as cst
@@ -33,6 +34,11 @@ from gdn_backport.scan import Site, read_source, relative, scan_file, scan_text,
 # release is 0.35 MiB. Above this size apply refuses with the reason instead
 # of running for minutes; scan and --check read files of any size.
 MAX_REWRITE_BYTES = 2 * 1024 * 1024
+
+
+# A file a run will write: (the file, its path in the records: no link below
+# the tree, the original bytes, the new bytes).
+Staged = tuple[Path, str, bytes, bytes]
 
 
 class Mode(str, enum.Enum):
@@ -162,13 +168,16 @@ def _apply(
 ) -> Outcome:
     patchset = load()
     out = Outcome(root)
-    staged: list[tuple[Path, str, bytes, bytes]] = []  # (file, rel, original, new)
-    for file in locate.python_files(path):
+    staged: list[Staged] = []
+    walked = locate.walk(path)
+    changed_paths: set[str] = set()  # tree paths of staged files (a link's own path)
+    for file in walked.files:
         original, text = read_source(file, patchset)
         if text is None:
             continue
         rel = relative(file, root)
-        before = scan_text(rel, text, patchset, file)
+        link = walked.links.get(file)
+        before = _at(scan_text(rel, text, patchset, file), link)
         unknown = [s for s in before if s.status is Status.UNKNOWN]
         if unknown:
             out.refused.append((rel, f"{unknown[0].function}: {unknown[0].reason}"))
@@ -182,6 +191,12 @@ def _apply(
             )
             out.changes.extend(SiteChange(s, s, False) for s in before)
             continue
+        dest = file if link is None else _inside(link, root)
+        if dest is None:
+            why = f"is a symbolic link to {link} outside the tree; patch the target's own tree"
+            out.refused.append((rel, why))
+            out.changes.extend(SiteChange(s, s, False) for s in before)
+            continue
         try:
             new = _rewrite(strategy, file, text, root)
         except UsageError as exc:
@@ -190,13 +205,14 @@ def _apply(
             continue
         if new is None or new == text:
             raise UsageError(f"{file}: the codemod found nothing to rewrite at an affected site")
-        after = scan_text(rel, new, patchset, file)
+        after = _at(scan_text(rel, new, patchset, file), link)
         for s in before:
             out.changes.append(SiteChange(s, _match(after, s), False))
         out.diff += _diff(rel, text, new)
         # Keep a UTF-8 byte-order mark (``locate.decode`` strips it to parse).
         bom = locate.BOM if original.startswith(locate.BOM) else b""
-        staged.append((file, rel, original, bom + new.encode("utf-8")))
+        staged.append((dest, relative(dest, root), original, bom + new.encode("utf-8")))
+        changed_paths.add(rel)
     if before_write is not None and staged and not out.refused and mode is not Mode.CHECK:
         before_write(out, [(file, new) for file, _, _, new in staged])
     if out.refused:
@@ -210,8 +226,23 @@ def _apply(
     elif mode is Mode.WRITE:
         _write(root, staged, strategy, patchset.upstream, out, within)
         for c in out.changes:
-            c.changed = c.site.path in out.written and c.rewritten.status is not c.site.status
+            c.changed = c.site.path in changed_paths and c.rewritten.status is not c.site.status
     return out
+
+
+def _at(sites: list[Site], link: Path | None) -> list[Site]:
+    """Sites of a file reached through a link say where it really is."""
+    return sites if link is None else [replace(s, target=str(link)) for s in sites]
+
+
+def _inside(real: Path, root: Path) -> Path | None:
+    """``real`` (a resolved path) as ``root / <path with no link below root>``,
+    or None when it lies outside the tree."""
+    try:
+        rel = real.relative_to(os.path.realpath(root))
+    except ValueError:
+        return None
+    return root / rel
 
 
 def _match(after: list[Site], site: Site) -> Site:
@@ -264,9 +295,6 @@ def _replace_all(files: list[tuple[Path, bytes, bytes]]) -> None:
     finally:
         for tmp, _ in temps:
             tmp.unlink(missing_ok=True)
-
-
-Staged = tuple[Path, str, bytes, bytes]  # (file to write, record path, original, new)
 
 
 def _write(

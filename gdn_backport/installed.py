@@ -33,7 +33,7 @@ from gdn_backport import atomic, locate
 from gdn_backport.engine import Mode, Outcome, apply_tree, revert_tree
 from gdn_backport.errors import UsageError
 from gdn_backport.patchset import load
-from gdn_backport.scan import Site, relative, scan_file
+from gdn_backport.scan import Site, relative, scan_walk
 
 __all__ = [
     "InstalledVllm",
@@ -76,11 +76,7 @@ def locate_vllm() -> InstalledVllm:
 
 
 def scan(inst: InstalledVllm) -> tuple[Path, list[Site]]:
-    patchset = load()
-    sites: list[Site] = []
-    for file in locate.python_files(inst.package):
-        sites.extend(scan_file(file, inst.root, patchset))
-    return inst.root, sites
+    return inst.root, scan_walk(locate.walk(inst.package), inst.root, load())
 
 
 def apply(inst: InstalledVllm, strategy: str, mode: Mode) -> tuple[Outcome, list[tuple[Path, str]]]:

@@ -4,6 +4,7 @@ Three sieves, each cheaper than the next: the bytes of every ``*.py`` file
 must mention a spec-token metadata field; ``ast`` (fast) then names the
 functions whose source mentions one; only those functions are parsed with
 libcst and analysed. Nothing of the target is imported or executed.
+Symbolic links are followed: a site behind a link is still a site.
 """
 
 from __future__ import annotations
@@ -11,18 +12,21 @@ from __future__ import annotations
 import ast
 import functools
 import os
+import re
+import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst as cst
 
+from gdn_backport.atomic import STATE_DIR
 from gdn_backport.dataflow import children_of
 from gdn_backport.errors import UsageError
 from gdn_backport.patchset import Patchset
 
 BOM = b"\xef\xbb\xbf"
-SKIP_DIRS = frozenset({".git", ".gdn-backport", "__pycache__", ".nox", ".venv", "node_modules"})
+SKIP_DIRS = frozenset({".git", STATE_DIR, "__pycache__", ".nox", ".venv", "node_modules"})
 
 
 @dataclass(frozen=True)
@@ -35,29 +39,124 @@ class Candidate:
     col: int
 
 
-def python_files(root: Path) -> Iterator[Path]:
-    """Every ``*.py`` below ``root`` (or ``root`` itself), links not followed.
+# What a killed run of ours can leave: ``atomic.stage``'s temporary beside a
+# module (``.<name>.py.<8 random>.tmp``), and in the records folder the
+# temporaries of the manifest and of the originals, and the writability probe.
+_LEFTOVER = re.compile(r"^\.(?P<name>.+\.py)\.[a-z0-9_]{8}\.tmp$")
+_STATE_LEFTOVER = re.compile(r"^\.(.+\.[a-z0-9_]{8}\.tmp|gdn-backport\.[a-z0-9_]{8}\.probe)$")
+
+
+@dataclass
+class Walk:
+    """Every ``*.py`` below a root, symbolic links followed.
+
+    ``files``: the paths as they appear inside the tree (a linked file or a
+    file in a linked folder keeps the link's path), each real file once;
+    ``links``: for the files reached through a link, the real path;
+    ``leftovers``: temporaries of an interrupted gdn-backport run (never
+    below a link).
+    """
+
+    root: Path
+    files: list[Path] = field(default_factory=list)
+    links: dict[Path, Path] = field(default_factory=dict)
+    leftovers: list[Path] = field(default_factory=list)
+
+
+def walk(root: Path) -> Walk:
+    """Walk ``root`` (or take ``root`` itself, a single file).
 
     Only regular files: reading a FIFO (or a device) named ``*.py`` would
     block forever. Directory entries carry their type, so a tree of 3,000
-    files costs no ``stat`` per file.
+    files costs no ``stat`` per file. Links are followed, after the real
+    folders (so a file reached both ways keeps its real path); a folder is
+    walked once by its resolved path (link loops end there), a dangling or
+    looping link is skipped, and a link to a folder that holds the tree
+    itself is not walked (it would walk the tree's parents).
     """
+    out = Walk(root)
     if root.is_file():
-        yield root
-        return
-    try:
-        entries = sorted(os.scandir(root), key=lambda e: e.name)
-    except OSError:
-        return  # unreadable folders are skipped, as os.walk does
-    folders = []
-    for entry in entries:
-        if entry.is_dir(follow_symlinks=False):
-            if entry.name not in SKIP_DIRS:
-                folders.append(Path(entry.path))
-        elif entry.name.endswith(".py") and entry.is_file(follow_symlinks=False):
-            yield Path(entry.path)
-    for folder in folders:
-        yield from python_files(folder)
+        out.files.append(root)
+        if root.is_symlink():
+            out.links[root] = Path(os.path.realpath(root))
+        return out
+    top = os.path.realpath(root)
+    seen_dirs: set[str] = set()
+    seen_files: set[str] = set()
+    pending: list[tuple[Path, str]] = []  # linked folders (path, real), walked last
+
+    def add(path: Path, real: str, linked: bool) -> None:
+        if real in seen_files:
+            return
+        seen_files.add(real)
+        out.files.append(path)
+        if linked:
+            out.links[path] = Path(real)
+
+    def visit(folder: Path, real_dir: str, linked: bool) -> None:
+        # Real paths are built, not resolved: a real folder's real path is its
+        # parent's plus its name; only a link costs a ``realpath``.
+        if real_dir in seen_dirs:
+            return
+        seen_dirs.add(real_dir)
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            return  # unreadable folders are skipped, as os.walk does
+        folders = []
+        names = {e.name for e in entries}
+        for entry in entries:
+            if entry.is_symlink():
+                try:
+                    st = os.stat(entry.path)
+                except OSError:
+                    continue  # dangling, or a loop of links
+                if stat.S_ISDIR(st.st_mode):
+                    real = os.path.realpath(entry.path)
+                    # A link to a folder holding the tree would walk its parents.
+                    if entry.name not in SKIP_DIRS and not _holds(real, top):
+                        pending.append((Path(entry.path), real))
+                elif stat.S_ISREG(st.st_mode) and entry.name.endswith(".py"):
+                    add(Path(entry.path), os.path.realpath(entry.path), True)
+            elif entry.is_dir(follow_symlinks=False):
+                if entry.name not in SKIP_DIRS:
+                    folders.append(entry)
+                elif entry.name == STATE_DIR and not linked:
+                    out.leftovers.extend(_state_leftovers(Path(entry.path)))
+            elif entry.is_file(follow_symlinks=False):
+                if entry.name.endswith(".py"):
+                    add(Path(entry.path), os.path.join(real_dir, entry.name), linked)
+                elif not linked:
+                    m = _LEFTOVER.match(entry.name)
+                    if m and m["name"] in names:
+                        out.leftovers.append(Path(entry.path))
+        for sub in folders:
+            visit(Path(sub.path), os.path.join(real_dir, sub.name), linked)
+
+    visit(root, top, False)
+    while pending:
+        folder, real = pending.pop(0)
+        visit(folder, real, True)
+    return out
+
+
+def _holds(folder: str, path: str) -> bool:
+    """``folder`` is ``path`` or one of its parents (both resolved)."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _state_leftovers(state: Path) -> list[Path]:
+    """Temporaries in a records folder (and its ``originals/``), links not followed."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(state):
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+        found += [Path(dirpath, f) for f in sorted(filenames) if _STATE_LEFTOVER.match(f)]
+    return found
+
+
+def python_files(root: Path) -> Iterator[Path]:
+    """Every ``*.py`` below ``root`` (or ``root`` itself): :func:`walk`'s files."""
+    yield from walk(root).files
 
 
 def mentions_fields(data: bytes, patchset: Patchset) -> bool:

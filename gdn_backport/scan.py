@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from gdn_backport import locate
@@ -18,10 +19,15 @@ class Site:
     function: str
     status: Status
     reason: str
+    # Where the file really is, when ``path`` reaches it through a symbolic
+    # link (JSON ``"target"``, only then).
+    target: str | None = None
 
     def to_json(self) -> dict[str, object]:
         d = asdict(self)
         d["status"] = self.status.value
+        if self.target is None:
+            del d["target"]
         return d
 
 
@@ -40,8 +46,29 @@ def relative(path: Path, root: Path) -> str:
     return path.relative_to(root).as_posix()
 
 
+# The sites of recently analysed sources: (rel, id(patchset), text) ->
+# (patchset, sites). A scan follows links into shared folders (a slim tree's
+# links into the release cache), and one process scans, applies, checks and
+# reverts the same files again: the analysis of unchanged text is reused.
+_MEMO: OrderedDict[tuple[str, int, str], tuple[Patchset, list[Site]]] = OrderedDict()
+_MEMO_SIZE = 64
+
+
 def scan_text(rel: str, text: str, patchset: Patchset, where: Path | None = None) -> list[Site]:
     """The sites in one file's source; ``where`` names the file in errors."""
+    key = (rel, id(patchset), text)
+    hit = _MEMO.get(key)
+    if hit is not None and hit[0] is patchset:
+        _MEMO.move_to_end(key)
+        return list(hit[1])
+    sites = _scan_text(rel, text, patchset, where)
+    _MEMO[key] = (patchset, sites)
+    if len(_MEMO) > _MEMO_SIZE:
+        _MEMO.popitem(last=False)
+    return list(sites)
+
+
+def _scan_text(rel: str, text: str, patchset: Patchset, where: Path | None) -> list[Site]:
     tree = locate.parse_ast(where or Path(rel), text)
     lines = text.splitlines(keepends=True)
     imports = locate.module_imports(tree)
@@ -65,15 +92,26 @@ def read_source(path: Path, patchset: Patchset) -> tuple[bytes, str | None]:
     return data, locate.decode(path, data)
 
 
-def scan_file(path: Path, root: Path, patchset: Patchset) -> list[Site]:
+def scan_file(
+    path: Path, root: Path, patchset: Patchset, target: Path | None = None
+) -> list[Site]:
+    """The sites of one file; ``target``: the real file, if ``path`` is a link."""
     _, text = read_source(path, patchset)
-    return [] if text is None else scan_text(relative(path, root), text, patchset, path)
+    if text is None:
+        return []
+    sites = scan_text(relative(path, root), text, patchset, path)
+    return sites if target is None else [replace(s, target=str(target)) for s in sites]
+
+
+def scan_walk(walked: locate.Walk, root: Path, patchset: Patchset) -> list[Site]:
+    return [
+        site
+        for file in walked.files
+        for site in scan_file(file, root, patchset, walked.links.get(file))
+    ]
 
 
 def scan_tree(path: Path, patchset: Patchset | None = None) -> tuple[Path, list[Site]]:
     patchset = patchset or load()
     root = tree_root(path)
-    sites: list[Site] = []
-    for file in locate.python_files(path):
-        sites.extend(scan_file(file, root, patchset))
-    return root, sites
+    return root, scan_walk(locate.walk(path), root, patchset)

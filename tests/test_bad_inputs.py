@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -88,23 +89,93 @@ def test_path_is_a_link_loop(capsys: pytest.CaptureFixture[str], tmp_path: Path)
         refused(err, str(loop), "symbolic link to nothing")
 
 
-def test_link_loops_inside_the_tree_are_not_followed(
-    capsys: pytest.CaptureFixture[str], affected_tree: Path, tmp_path: Path
+def test_link_loops_inside_the_tree_end_the_walk(
+    capsys: pytest.CaptureFixture[str], affected_tree: Path
 ) -> None:
     vllm = affected_tree / "vllm"
     (vllm / "a.py").symlink_to(vllm / "b.py")
     (vllm / "b.py").symlink_to(vllm / "a.py")
     (vllm / "loop").symlink_to(vllm, target_is_directory=True)
-    # A link to an affected file outside the tree: never written through.
-    outside = tmp_path / "outside.py"
-    outside.write_text(AFFECTED)
-    (vllm / "linked.py").symlink_to(outside)
+    (vllm / "up").symlink_to(affected_tree.parent, target_is_directory=True)
+    (vllm / "dangling.py").symlink_to(vllm / "nowhere.py")
     before = snapshot(affected_tree)
+    code, out, _ = run(capsys, "scan", str(affected_tree), "--json")
+    assert code == 1 and out.count('"path"') == 1  # the one site, once
     code, out, _ = run(capsys, "apply", str(affected_tree), "--json")
     assert code == 0 and '"changed": true' in out
-    assert outside.read_text() == AFFECTED
     assert (affected_tree / SITE).read_text() == FIXED
     assert run(capsys, "revert", str(affected_tree))[0] == 0
+    assert snapshot(affected_tree) == before
+
+
+@pytest.mark.parametrize("how", ["file", "folder"])
+def test_a_linked_module_outside_the_tree_is_a_site_never_written(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, how: str
+) -> None:
+    """The GDN module is a symbolic link (or sits in a linked folder) to a
+    file outside the tree: scan reports it where it points, --check fails,
+    apply refuses with the reason and changes nothing."""
+    outside = tmp_path / "elsewhere" / "layers"
+    outside.mkdir(parents=True)
+    (outside / "gdn_linear_attn.py").write_text(AFFECTED)
+    tree = tmp_path / "tree"
+    (tree / "vllm" / "model_executor").mkdir(parents=True)
+    (tree / "vllm" / "__init__.py").write_text("")
+    if how == "file":
+        (tree / "vllm" / "model_executor" / "layers").mkdir()
+        link = tree / "vllm" / "model_executor" / "layers" / "gdn_linear_attn.py"
+        link.symlink_to(outside / "gdn_linear_attn.py")
+    else:
+        (tree / "vllm" / "model_executor" / "layers").symlink_to(outside, True)
+    rel = "vllm/model_executor/layers/gdn_linear_attn.py"
+    real = str(outside / "gdn_linear_attn.py")
+    code, out, _ = run(capsys, "scan", str(tree), "--json")
+    assert code == 1
+    [site] = json.loads(out)["sites"]
+    assert (site["path"], site["status"], site["target"]) == (rel, "affected", real)
+    code, out, _ = run(capsys, "scan", str(tree))
+    assert f"{rel}:2 -> {real}" in out
+    code, out, _ = run(capsys, "apply", "--check", str(tree))
+    assert code == 1 and "no GDN spec path" not in out
+    for argv in (["apply"], ["apply", "--dry-run"], ["apply", "--strategy", "kernel"]):
+        code, _, err = run(capsys, *argv, str(tree))
+        assert code == 2, argv
+        refused(err, str(tree / rel), f"is a symbolic link to {real} outside the tree")
+        assert (outside / "gdn_linear_attn.py").read_text() == AFFECTED
+    assert not (tree / atomic.STATE_DIR).exists()
+
+
+@pytest.mark.parametrize("how", ["file", "folder", "hidden"])
+def test_a_link_to_a_file_inside_the_tree_writes_the_target_once(
+    capsys: pytest.CaptureFixture[str], affected_tree: Path, how: str
+) -> None:
+    """A link whose target is inside the tree: one site, the target written
+    once (through whichever path), the record at the real path, revert back."""
+    target = affected_tree / SITE
+    vllm = affected_tree / "vllm"
+    if how == "file":
+        (vllm / "alias.py").symlink_to(target)
+    elif how == "folder":
+        (vllm / "layers_alias").symlink_to(target.parent, target_is_directory=True)
+    else:
+        # The real file sits where the walk does not go (.venv), reached only by the link.
+        hidden = affected_tree / ".venv" / "gdn.py"
+        hidden.parent.mkdir()
+        target.rename(hidden)
+        target.symlink_to(hidden)
+        target = hidden
+    before = snapshot(affected_tree)
+    code, out, _ = run(capsys, "scan", str(affected_tree), "--json")
+    assert code == 1 and len(json.loads(out)["sites"]) == 1
+    code, out, err = run(capsys, "apply", str(affected_tree), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [s["changed"] for s in doc["sites"]] == [True]
+    assert doc["written"] == [target.relative_to(affected_tree).as_posix()]
+    assert target.read_text() == FIXED
+    assert run(capsys, "apply", "--check", str(affected_tree))[0] == 0
+    assert run(capsys, "revert", str(affected_tree))[0] == 0
+    assert target.read_text() == AFFECTED
     assert snapshot(affected_tree) == before
 
 
