@@ -19,7 +19,7 @@ from gdn_backport import __version__, installed, sources, vllm_version
 from gdn_backport.engine import Mode, Outcome, apply_tree, revert_tree
 from gdn_backport.errors import UsageError
 from gdn_backport.report import table
-from gdn_backport.scan import Site, scan_tree
+from gdn_backport.scan import Site, relative, scan_tree_full
 
 if TYPE_CHECKING:
     from gdn_backport import matrix
@@ -176,15 +176,23 @@ def _print_sites(root: Path, sites: Sequence[Site]) -> None:
 
 def _cmd_scan(args: argparse.Namespace) -> int:
     if args.installed:
-        root, sites = installed.scan(installed.locate_vllm())
+        result = installed.scan_full(installed.locate_vllm())
     else:
-        root, sites = scan_tree(_resolve(args, write=False))
+        result = scan_tree_full(_resolve(args, write=False))
+    root, sites = result.root, result.sites
+    left = [relative(p, root) for p in result.leftovers]
     if args.json:
         version = vllm_version.to_json(vllm_version.detect(root))
-        doc = {"tree": str(root), "sites": [s.to_json() for s in sites], "vllm_version": version}
+        doc = {
+            "tree": str(root),
+            "sites": [s.to_json() for s in sites],
+            "vllm_version": version,
+            "leftovers": left,
+        }
         print(json.dumps(doc, indent=2))
     else:
         _print_sites(root, sites)
+    _warn(_leftovers_warning(root, left))
     bad = {s.status.value for s in sites}
     return 2 if "unknown" in bad else 1 if "affected" in bad else 0
 
@@ -219,7 +227,24 @@ def _print_outcome(
             print(note)
     for path, reason in out.refused:
         print(f"gdn-backport: {out.tree / path}: {reason}", file=sys.stderr)
+    if out.leftovers_removed:
+        if not as_json:
+            n = len(out.leftovers)
+            print(f"removed {n} leftover temporary file(s) of an interrupted gdn-backport run: "
+                  + ", ".join(out.leftovers))  # fmt: skip
+    elif not out.refused:
+        _warn(_leftovers_warning(out.tree, out.leftovers))
     return out.exit_code
+
+
+def _leftovers_warning(root: Path, left: Sequence[str]) -> str:
+    if not left:
+        return ""
+    return (
+        f"gdn-backport: warning: {len(left)} leftover temporary file(s) of an interrupted "
+        f"gdn-backport run in {root}: {', '.join(left)}; the next `gdn-backport apply` or "
+        "`revert` of this tree removes them"
+    )
 
 
 def _cmd_apply(args: argparse.Namespace) -> int:

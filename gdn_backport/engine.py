@@ -80,6 +80,10 @@ class Outcome:
     refused: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
     written: list[str] = field(default_factory=list)
     message: str = ""
+    # Temporaries an interrupted run left (tree-relative); removed by a
+    # writing run that went through (under the lock), else only reported.
+    leftovers: list[str] = field(default_factory=list)
+    leftovers_removed: bool = False
 
     @property
     def exit_code(self) -> int:
@@ -96,6 +100,8 @@ class Outcome:
             "written": self.written,
             "message": self.message,
             "exit_code": self.exit_code,
+            "leftovers": self.leftovers,
+            "leftovers_removed": self.leftovers_removed,
         }
 
 
@@ -170,6 +176,9 @@ def _apply(
     out = Outcome(root)
     staged: list[Staged] = []
     walked = locate.walk(path)
+    found = set(walked.leftovers) | set(locate.state_leftovers(root))
+    if path.is_file():
+        found.update(locate.leftovers_beside([path]))
     changed_paths: set[str] = set()  # tree paths of staged files (a link's own path)
     for file in walked.files:
         original, text = read_source(file, patchset)
@@ -227,7 +236,23 @@ def _apply(
         _write(root, staged, strategy, patchset.upstream, out, within)
         for c in out.changes:
             c.changed = c.site.path in changed_paths and c.rewritten.status is not c.site.status
+    _leftovers(out, sorted(found), mode)
     return out
+
+
+def _leftovers(out: Outcome, found: list[Path], mode: Mode) -> None:
+    """Report what an interrupted run left; a writing run that went through
+    (it holds the lock: nothing else of ours is writing) removes it."""
+    if mode is Mode.WRITE and not out.refused and found:
+        left = []
+        for p in found:
+            try:
+                p.unlink(missing_ok=True)
+            except OSError:
+                left.append(p)
+        out.leftovers_removed = not left
+        found = left or found
+    out.leftovers = [relative(p, out.tree) for p in found]
 
 
 def _at(sites: list[Site], link: Path | None) -> list[Site]:
@@ -366,10 +391,22 @@ def revert_tree(
 
 
 def _revert(path: Path, mode: Mode, root: Path, within: str | None) -> Outcome:
+    found: list[Path] = []
+    out = _revert_files(path, mode, root, within, found)
+    _leftovers(out, found, mode)
+    return out
+
+
+def _revert_files(
+    path: Path, mode: Mode, root: Path, within: str | None, found: list[Path]
+) -> Outcome:
     out = Outcome(root)
     records = Records(root, within)
     only = relative(path, root) if path.is_file() else None
     wanted = [rel for rel in records.paths() if only is None or rel == only]
+    # What a killed apply or revert left: beside the files it wrote (every
+    # one has a record) and in the records folder.
+    found += locate.state_leftovers(root) + locate.leftovers_beside(root / r for r in wanted)
     if not wanted:
         out.message = "nothing to revert: no gdn-backport record in this tree"
         return out

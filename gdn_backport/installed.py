@@ -29,11 +29,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gdn_backport import atomic, locate
+from gdn_backport import atomic
 from gdn_backport.engine import Mode, Outcome, apply_tree, revert_tree
 from gdn_backport.errors import UsageError
 from gdn_backport.patchset import load
-from gdn_backport.scan import Site, relative, scan_walk
+from gdn_backport.scan import Site, TreeScan, relative, scan_tree_full
 
 __all__ = [
     "InstalledVllm",
@@ -44,6 +44,7 @@ __all__ = [
     "locate_vllm",
     "revert",
     "scan",
+    "scan_full",
 ]
 
 
@@ -76,7 +77,12 @@ def locate_vllm() -> InstalledVllm:
 
 
 def scan(inst: InstalledVllm) -> tuple[Path, list[Site]]:
-    return inst.root, scan_walk(locate.walk(inst.package), inst.root, load())
+    result = scan_full(inst)
+    return result.root, result.sites
+
+
+def scan_full(inst: InstalledVllm) -> TreeScan:
+    return scan_tree_full(inst.package, load(), root=inst.root)
 
 
 def apply(inst: InstalledVllm, strategy: str, mode: Mode) -> tuple[Outcome, list[tuple[Path, str]]]:

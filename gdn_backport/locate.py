@@ -10,11 +10,12 @@ Symbolic links are followed: a site behind a link is still a site.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,6 +153,24 @@ def _state_leftovers(state: Path) -> list[Path]:
         dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
         found += [Path(dirpath, f) for f in sorted(filenames) if _STATE_LEFTOVER.match(f)]
     return found
+
+
+def leftovers_beside(files: Iterable[Path]) -> list[Path]:
+    """Temporaries of an interrupted write beside each of ``files``."""
+    found = []
+    for file in files:
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(file.parent):
+                m = _LEFTOVER.match(entry.name)
+                if m and m["name"] == file.name and entry.is_file(follow_symlinks=False):
+                    found.append(Path(entry.path))
+    return sorted(found)
+
+
+def state_leftovers(root: Path) -> list[Path]:
+    """Temporaries in ``root``'s records folder (none if it is not a real folder)."""
+    state = root / STATE_DIR
+    return [] if state.is_symlink() or not state.is_dir() else _state_leftovers(state)
 
 
 def python_files(root: Path) -> Iterator[Path]:

@@ -92,9 +92,7 @@ def read_source(path: Path, patchset: Patchset) -> tuple[bytes, str | None]:
     return data, locate.decode(path, data)
 
 
-def scan_file(
-    path: Path, root: Path, patchset: Patchset, target: Path | None = None
-) -> list[Site]:
+def scan_file(path: Path, root: Path, patchset: Patchset, target: Path | None = None) -> list[Site]:
     """The sites of one file; ``target``: the real file, if ``path`` is a link."""
     _, text = read_source(path, patchset)
     if text is None:
@@ -111,7 +109,26 @@ def scan_walk(walked: locate.Walk, root: Path, patchset: Patchset) -> list[Site]
     ]
 
 
-def scan_tree(path: Path, patchset: Patchset | None = None) -> tuple[Path, list[Site]]:
+@dataclass
+class TreeScan:
+    root: Path
+    sites: list[Site]
+    # Temporaries an interrupted gdn-backport run left (reported, not removed).
+    leftovers: list[Path]
+
+
+def scan_tree_full(
+    path: Path, patchset: Patchset | None = None, root: Path | None = None
+) -> TreeScan:
     patchset = patchset or load()
-    root = tree_root(path)
-    return root, scan_walk(locate.walk(path), root, patchset)
+    root = root or tree_root(path)
+    walked = locate.walk(path)
+    found = set(walked.leftovers) | set(locate.state_leftovers(root))
+    if path.is_file():
+        found.update(locate.leftovers_beside([path]))
+    return TreeScan(root, scan_walk(walked, root, patchset), sorted(found))
+
+
+def scan_tree(path: Path, patchset: Patchset | None = None) -> tuple[Path, list[Site]]:
+    result = scan_tree_full(path, patchset)
+    return result.root, result.sites

@@ -598,6 +598,35 @@ def test_killed_mid_write_leaves_whole_files(
     assert snapshot(tree) == before
 
 
+@pytest.mark.parametrize("then", ["revert", "apply"])
+def test_leftovers_of_a_killed_run_are_reported_then_removed(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, then: str
+) -> None:
+    """kill -9 half-way through staging leaves ``.<name>.<random>.tmp`` beside
+    the module: scan (and --check) report it, with a warning; revert or apply
+    removes it under the lock."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    first, _ = _two_affected(tree)
+    (tree / "vllm" / "__init__.py").write_text("")
+    proc = _child("stage", first, tree, tmp_path / "ready")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    [temp] = list(first.parent.glob(f".{first.name}.*.tmp"))
+    rel = temp.relative_to(tree).as_posix()
+    code, out, err = run(capsys, "scan", str(tree), "--json")
+    assert code == 1 and json.loads(out)["leftovers"] == [rel]
+    assert err.count("\n") == 1 and "warning: 1 leftover temporary file(s)" in err and rel in err
+    code, out, err = run(capsys, "apply", "--check", str(tree))
+    assert code == 1 and rel in err and temp.exists()
+    code, out, err = run(capsys, then, str(tree), "--json")
+    assert code == 0 and err == "", err
+    doc = json.loads(out)
+    assert (doc["leftovers"], doc["leftovers_removed"]) == ([rel], True)
+    assert not temp.exists() and not list(tree.rglob("*.tmp"))
+    assert json.loads(run(capsys, "scan", str(tree), "--json")[1])["leftovers"] == []
+
+
 def test_a_lock_held_by_a_plain_flock(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
