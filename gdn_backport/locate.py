@@ -1,9 +1,10 @@
 """Find candidate GDN spec paths in a tree, cheaply, without running its code.
 
 Three sieves, each cheaper than the next: the bytes of every ``*.py`` file
-must mention a spec-token metadata field; ``ast`` (fast) then names the
-functions whose source mentions one; only those functions are parsed with
-libcst and analysed. Nothing of the target is imported or executed.
+must name a spec-token metadata field *and* a spec state field (read in
+chunks: a huge unrelated file is never parsed); ``ast`` (fast) then names
+the functions whose source mentions both; only those functions are parsed
+with libcst and analysed. Nothing of the target is imported or executed.
 Symbolic links are followed: a site behind a link is still a site.
 """
 
@@ -45,6 +46,8 @@ class Candidate:
 # temporaries of the manifest and of the originals, and the writability probe.
 _LEFTOVER = re.compile(r"^\.(?P<name>.+\.py)\.[a-z0-9_]{8}\.tmp$")
 _STATE_LEFTOVER = re.compile(r"^\.(.+\.[a-z0-9_]{8}\.tmp|gdn-backport\.[a-z0-9_]{8}\.probe)$")
+# Bytes read at a time by the sieve of :func:`read_candidate`.
+CHUNK = 1 << 20
 
 
 @dataclass
@@ -178,8 +181,42 @@ def python_files(root: Path) -> Iterator[Path]:
     yield from walk(root).files
 
 
+def may_hold_site(data: bytes, patchset: Patchset) -> bool:
+    """A spec path names a spec-token field *and* a spec state field (see
+    :func:`candidates`): a file that lacks either cannot hold one."""
+    return any(f.encode() in data for f in patchset.fields.spec_index) and any(
+        f.encode() in data for f in patchset.fields.spec_state
+    )
+
+
 def mentions_fields(data: bytes, patchset: Patchset) -> bool:
+    """The bytes name a spec-token field (the runtime plugin's module sieve)."""
     return any(f.encode() in data for f in patchset.fields.spec_index)
+
+
+def read_candidate(path: Path, patchset: Patchset) -> bytes | None:
+    """The file's bytes if it may hold a site (:func:`may_hold_site`), else
+    None. Read in chunks: a large file that lacks a field costs one pass and
+    no parse; one that names both is read whole, whatever its size."""
+    index = [f.encode() for f in patchset.fields.spec_index]
+    state = [f.encode() for f in patchset.fields.spec_state]
+    overlap = max(len(f) for f in [*index, *state]) - 1
+    with path.open("rb") as fh:
+        chunk = fh.read(CHUNK)
+        if len(chunk) < CHUNK:  # the common case: the whole file in one read
+            return chunk if may_hold_site(chunk, patchset) else None
+        has_index = has_state = False
+        tail = b""
+        while chunk:
+            window = tail + chunk
+            has_index = has_index or any(f in window for f in index)
+            has_state = has_state or any(f in window for f in state)
+            if has_index and has_state:
+                fh.seek(0)
+                return fh.read()
+            tail = window[-overlap:]
+            chunk = fh.read(CHUNK)
+    return None
 
 
 def decode(path: Path, data: bytes) -> str:

@@ -82,13 +82,15 @@ def _scan_text(rel: str, text: str, patchset: Patchset, where: Path | None) -> l
 
 
 def read_source(path: Path, patchset: Patchset) -> tuple[bytes, str | None]:
-    """The file's bytes, and its text if it may hold a site (else None)."""
+    """The file's bytes and text if it may hold a site, else ``(b"", None)``:
+    a file that does not name both a spec-token and a spec state field is
+    not read whole, decoded or parsed (:func:`locate.read_candidate`)."""
     try:
-        data = path.read_bytes()
+        data = locate.read_candidate(path, patchset)
     except OSError as exc:
         raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
-    if not locate.mentions_fields(data, patchset):
-        return data, None
+    if data is None:
+        return b"", None
     return data, locate.decode(path, data)
 
 

@@ -203,11 +203,14 @@ def test_fifo_named_py_does_not_hang(tmp_path: Path, affected_tree: Path) -> Non
 # -- contents that are not plain UTF-8 Python -------------------------------------
 
 BAD_CONTENT = [
-    (b"def f(:\n    spec_token_indx\n", "syntax error"),
-    (b"x = 'spec_token_indx'\n\xff\xfe\n", "not valid UTF-8"),
-    (b"\x00\x01spec_token_indx\x00", "binary data"),
+    (b"def f(:\n    spec_token_indx, spec_state_indices_tensor\n", "syntax error"),
+    (b"x = 'spec_token_indx spec_state_indices_tensor'\n\xff\xfe\n", "not valid UTF-8"),
+    (b"\x00\x01spec_token_indx spec_state_indices_tensor\x00", "binary data"),
     # Valid Python (the cookie says latin-1), refused: the tool reads UTF-8.
-    (b"# -*- coding: latin-1 -*-\nx = 'spec_token_indx \xe9'\n", "not valid UTF-8"),
+    (
+        b"# -*- coding: latin-1 -*-\nx = 'spec_token_indx spec_state_indices_tensor \xe9'\n",
+        "not valid UTF-8",
+    ),
 ]
 
 
@@ -460,6 +463,47 @@ def test_a_file_with_an_affected_and_an_unknown_site_is_refused_whole(
     assert code == 2
     refused(err, str(target), "spec_step", "not a known kernel")
     assert snapshot(affected_tree) == before
+
+
+def test_a_file_naming_one_field_does_not_block_the_scan(
+    capsys: pytest.CaptureFixture[str], affected_tree: Path
+) -> None:
+    """A site names a spec-token field *and* a spec state field: a broken
+    file that names only one cannot hold a site and is not parsed."""
+    (affected_tree / "vllm" / "notes.py").write_bytes(b"def f(:\n    spec_token_indx\n\xff\n")
+    code, out, err = run(capsys, "scan", str(affected_tree), "--json")
+    assert (code, err) == (1, "")
+    assert [s["path"] for s in json.loads(out)["sites"]] == [SITE.as_posix()]
+
+
+def test_a_large_file_is_parsed_only_if_it_names_both_fields(
+    capsys: pytest.CaptureFixture[str], affected_tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """6 MiB of generated code naming one field (issue 13: a 43 MB file took
+    scan 12.8 s): never decoded or parsed. Naming both (the second across a
+    1 MiB read boundary), it is read whole and scanned."""
+    from gdn_backport import locate
+
+    decoded: list[Path] = []
+    real_decode = locate.decode
+
+    def decode(path: Path, data: bytes) -> str:
+        decoded.append(path)
+        return real_decode(path, data)
+
+    monkeypatch.setattr(locate, "decode", decode)
+    big = affected_tree / "vllm" / "table.py"
+    row = b"ROW = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20)\n"
+    body = row * (6 * 2**20 // len(row))
+    big.write_bytes(b"# rows indexed by spec_token_indx\n" + body)
+    assert run(capsys, "scan", str(affected_tree))[0] == 1
+    assert big not in decoded
+    cut = locate.CHUNK - 10
+    field = b"# spec_state_indices_tensor\n"
+    data = big.read_bytes()
+    big.write_bytes(data[:cut] + field + data[cut:])
+    assert run(capsys, "scan", str(affected_tree))[0] == 1
+    assert big in decoded
 
 
 @pytest.mark.network

@@ -49,9 +49,9 @@ def test_apply_json_has_changed(capsys: pytest.CaptureFixture[str], affected_tre
 @pytest.mark.parametrize(
     ("content", "reason"),
     [
-        (b"def f(:\n    spec_token_indx\n", "syntax error"),
-        (b"x = 'spec_token_indx'\n\xff\xfe\n", "not valid UTF-8"),
-        (b"\x00\x01spec_token_indx\x00", "binary data"),
+        (b"def f(:\n    spec_token_indx, spec_state_indices_tensor\n", "syntax error"),
+        (b"x = 'spec_token_indx spec_state_indices_tensor'\n\xff\xfe\n", "not valid UTF-8"),
+        (b"\x00\x01spec_token_indx spec_state_indices_tensor\x00", "binary data"),
     ],
     ids=["syntax-error", "non-utf8", "binary"],
 )
