@@ -214,13 +214,19 @@ def _apply(
             continue
         if new is None or new == text:
             raise UsageError(f"{file}: the codemod found nothing to rewrite at an affected site")
+        try:
+            # The file's own encoding (its PEP 263 declaration, its UTF-8
+            # byte-order mark, which ``locate.decode`` strips to parse).
+            data = locate.encode(file, new, original)
+        except UsageError as exc:
+            out.refused.append((rel, str(exc).split(": ", 1)[-1]))
+            out.changes.extend(SiteChange(s, s, False) for s in before)
+            continue
         after = _at(scan_text(rel, new, patchset, file), link)
         for s in before:
             out.changes.append(SiteChange(s, _match(after, s), False))
         out.diff += _diff(rel, text, new)
-        # Keep a UTF-8 byte-order mark (``locate.decode`` strips it to parse).
-        bom = locate.BOM if original.startswith(locate.BOM) else b""
-        staged.append((dest, relative(dest, root), original, bom + new.encode("utf-8")))
+        staged.append((dest, relative(dest, root), original, data))
         changed_paths.add(rel)
     if before_write is not None and staged and not out.refused and mode is not Mode.CHECK:
         before_write(out, [(file, new) for file, _, _, new in staged])

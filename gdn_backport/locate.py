@@ -5,7 +5,8 @@ must name a spec-token metadata field *and* a spec state field (read in
 chunks: a huge unrelated file is never parsed); ``ast`` (fast) then names
 the functions whose source mentions both; only those functions are parsed
 with libcst and analysed. Nothing of the target is imported or executed.
-Symbolic links are followed: a site behind a link is still a site.
+Symbolic links are followed: a site behind a link is still a site. A file
+is decoded by its PEP 263 declaration, as Python reads it.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
+import io
 import os
 import re
 import stat
+import tokenize
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,15 +222,49 @@ def read_candidate(path: Path, patchset: Patchset) -> bytes | None:
     return None
 
 
+def source_encoding(path: Path, data: bytes) -> str:
+    """The encoding Python reads ``data`` with (PEP 263, as ``tokenize.open``):
+    ``utf-8-sig`` with a byte-order mark, the coding declaration of the first
+    two lines, else UTF-8. UsageError for a declaration Python rejects."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as exc:
+        if "unknown encoding" in str(exc) or "encoding problem" in str(exc):
+            raise UsageError(f"{path}: bad coding declaration ({exc.msg})") from exc
+        return "utf-8"  # undecodable first lines: reported by decode()
+    if encoding != "utf-8-sig" and "# x".encode(encoding, "replace") != b"# x":
+        # Python reads the declaration in ASCII bytes: the codec must agree.
+        raise UsageError(f"{path}: bad coding declaration ({encoding} is not ASCII-compatible)")
+    return encoding
+
+
 def decode(path: Path, data: bytes) -> str:
+    """The source text, decoded as Python would (:func:`source_encoding`);
+    a UTF-8 byte-order mark is dropped (ast and libcst refuse it) and put
+    back by :func:`encode`."""
     if b"\0" in data:
         raise UsageError(f"{path}: binary data (NUL bytes), not Python source")
+    encoding = source_encoding(path, data)
     try:
-        # Python accepts a UTF-8 byte-order mark; ast and libcst do not. The
-        # engine puts it back on the bytes it writes.
-        return data.removeprefix(BOM).decode("utf-8")
+        return data.decode(encoding)
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{path}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
+        what = "UTF-8" if encoding.startswith("utf-8") else f"{encoding} (its coding declaration)"
+        raise UsageError(f"{path}: not valid {what} ({exc.reason} at byte {exc.start})") from exc
+
+
+def encode(path: Path, text: str, like: bytes) -> bytes:
+    """``text`` in the encoding of the file whose bytes are ``like`` (its
+    declaration, its byte-order mark); UsageError if a character of ``text``
+    does not exist in that encoding."""
+    encoding = source_encoding(path, like)
+    try:
+        return text.encode(encoding)
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start : exc.end]
+        raise UsageError(
+            f"{path}: the rewrite holds {bad!r}, which the file's encoding "
+            f"{encoding} cannot hold; nothing was written"
+        ) from exc
 
 
 @functools.lru_cache(maxsize=8)

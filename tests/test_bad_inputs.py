@@ -206,15 +206,14 @@ BAD_CONTENT = [
     (b"def f(:\n    spec_token_indx, spec_state_indices_tensor\n", "syntax error"),
     (b"x = 'spec_token_indx spec_state_indices_tensor'\n\xff\xfe\n", "not valid UTF-8"),
     (b"\x00\x01spec_token_indx spec_state_indices_tensor\x00", "binary data"),
-    # Valid Python (the cookie says latin-1), refused: the tool reads UTF-8.
-    (
-        b"# -*- coding: latin-1 -*-\nx = 'spec_token_indx spec_state_indices_tensor \xe9'\n",
-        "not valid UTF-8",
-    ),
+    # Declarations Python rejects (a latin-1 one is read: see below).
+    (b"# coding: klingon\nx = 'spec_token_indx spec_state_indices_tensor'\n", "bad coding"),
+    (b"# coding: utf-16\nx = 'spec_token_indx spec_state_indices_tensor'\n", "bad coding"),
+    (b"# coding: ascii\nx = 'spec_token_indx spec_state_indices_tensor \xe9'\n", "not valid ascii"),
 ]
 
 
-@pytest.mark.parametrize(("content", "reason"), BAD_CONTENT, ids=lambda x: str(x)[:12])
+@pytest.mark.parametrize(("content", "reason"), BAD_CONTENT, ids=lambda x: str(x)[:18])
 @pytest.mark.parametrize(
     "argv",
     [["apply", "--check"], ["apply", "--dry-run"], ["apply", "--strategy", "kernel"], ["revert"]],
@@ -249,6 +248,49 @@ def test_binary_junk_without_gdn_fields_is_skipped(
     (affected_tree / "vllm" / "blob.py").write_bytes(bytes(range(256)) * 64)
     assert run(capsys, "apply", str(affected_tree))[0] == 0
     assert (affected_tree / SITE).read_text() == FIXED
+
+
+@pytest.mark.parametrize("cookie", ["latin-1", "iso-8859-15", "cp1252"])
+def test_a_declared_encoding_is_read_and_written_back(
+    capsys: pytest.CaptureFixture[str], affected_tree: Path, cookie: str
+) -> None:
+    """PEP 263: a module declaring latin-1 (valid Python; issue 13 found it
+    refused as "not valid UTF-8", and blocking the scan of the whole tree)
+    is decoded by its declaration, patched, and written back in it."""
+    target = affected_tree / SITE
+    header = f"# -*- coding: {cookie} -*-\n# Auteur : Andr\u00e9\n"
+    target.write_bytes((header + AFFECTED).encode(cookie))
+    # Another file in the tree naming both fields, in the same encoding.
+    other = affected_tree / "vllm" / "legacy.py"
+    note = "NOTE = 'spec_token_indx spec_state_indices_tensor \u00e9'\n"
+    other.write_bytes(f"# -*- coding: {cookie} -*-\n{note}".encode(cookie))
+    before = snapshot(affected_tree)
+    assert run(capsys, "scan", str(affected_tree))[0] == 1
+    code, _, err = run(capsys, "apply", str(affected_tree))
+    assert code == 0, err
+    assert target.read_bytes() == (header + FIXED).encode(cookie)
+    assert run(capsys, "apply", "--check", str(affected_tree))[0] == 0
+    assert run(capsys, "revert", str(affected_tree))[0] == 0
+    assert snapshot(affected_tree) == before
+
+
+def test_a_rewrite_the_declared_encoding_cannot_hold_is_refused(
+    capsys: pytest.CaptureFixture[str], affected_tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = affected_tree / SITE
+    target.write_bytes(("# -*- coding: ascii -*-\n" + AFFECTED).encode())
+    real = engine._rewrite
+
+    def rewrite(strategy: str, path: Path, text: str, root: Path) -> str | None:
+        new = real(strategy, path, text, root)
+        return None if new is None else new.replace("# the gate rows", "# the gate rows \u2192")
+
+    monkeypatch.setattr(engine, "_rewrite", rewrite)
+    before = snapshot(affected_tree)
+    code, _, err = run(capsys, "apply", str(affected_tree))
+    assert code == 2
+    refused(err, str(target), "which the file's encoding ascii cannot hold")
+    assert snapshot(affected_tree) == before
 
 
 @pytest.mark.parametrize("encoding", ["bom", "crlf", "bom+crlf"])
