@@ -19,7 +19,7 @@ from gdn_backport import __version__, installed, sources, vllm_version
 from gdn_backport.engine import Mode, Outcome, apply_tree, revert_tree
 from gdn_backport.errors import UsageError
 from gdn_backport.report import table
-from gdn_backport.scan import Site, relative, scan_tree_full
+from gdn_backport.scan import Site, check_vllm_tree, relative, scan_tree_full
 
 if TYPE_CHECKING:
     from gdn_backport import matrix
@@ -145,6 +145,7 @@ def _matrix_cells(p: argparse.ArgumentParser) -> None:
 
 def _resolve(args: argparse.Namespace, write: bool) -> Path:
     if args.path is not None:
+        check_vllm_tree(Path(args.path), records=args.command == "revert")
         return Path(args.path)
     if args.installed:
         return installed.locate_vllm().root
@@ -272,6 +273,7 @@ def _apply_git(args: argparse.Namespace, mode: Mode) -> int:
         raise UsageError(f"apply: --commit/--format-patch and {other} exclude each other")
     if args.path is None:
         raise UsageError("apply: --commit/--format-patch take a PATH in a git work tree")
+    check_vllm_tree(args.path)
     if args.branch and not args.commit:
         raise UsageError("apply: --branch goes with --commit")
     result = gitflow.apply_git(

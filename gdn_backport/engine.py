@@ -234,6 +234,10 @@ def _apply(
         # Fail closed: one file we cannot prove stops every write.
         out.diff = ""
         out.message = "refused: nothing was changed"
+    elif mode is Mode.CHECK and out.exit_code == 1:
+        affected = [c.site for c in out.changes if c.status is Status.AFFECTED]
+        where = ", ".join(f"{s.path}:{s.line} {s.function}" for s in affected)
+        out.message = f"check failed: {len(affected)} affected site(s): {where}"
     elif not staged:
         out.message = "nothing to do: no affected site"
     elif mode is Mode.DRY_RUN:

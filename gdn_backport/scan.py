@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from gdn_backport import locate
 from gdn_backport.analysis import Status, analyse
+from gdn_backport.atomic import STATE_DIR
 from gdn_backport.errors import UsageError
 from gdn_backport.patchset import Patchset, load
 
@@ -40,6 +44,44 @@ def tree_root(path: Path) -> Path:
     if not (path.is_dir() or path.is_file()):
         raise UsageError(f"{path}: not a regular file or a directory")
     return path if path.is_dir() else path.parent
+
+
+# A vLLM plugin that carries its own GDN layer (vllm-ascend) holds no vllm/
+# package, but its modules import vLLM.
+_IMPORTS_VLLM = re.compile(rb"(?m)^[ \t]*(?:from|import)[ \t]+vllm\b")
+
+
+def _package(folder: Path) -> bool:
+    return (folder / "__init__.py").is_file()
+
+
+def check_vllm_tree(path: Path, *, records: bool = False) -> None:
+    """UsageError unless PATH can hold vLLM's code: one file (taken as it
+    is), a folder holding a ``vllm`` package (``vllm/__init__.py``, at its
+    top or one folder down as in an unpacked sdist), the ``vllm`` package
+    itself, or a folder with Python files that import vllm (a plugin).
+    ``records``: a folder holding gdn-backport's records is accepted too
+    (``revert`` of a single file's folder)."""
+    tree_root(path)  # missing, a dangling link, not a file or folder
+    if path.is_file():
+        return
+    if (path.name == "vllm" and _package(path)) or _package(path / "vllm"):
+        return
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(path):
+            if entry.is_dir() and _package(Path(entry.path) / "vllm"):
+                return
+    if records and (path / STATE_DIR / "manifest.json").is_file():
+        return
+    for file in locate.python_files(path):
+        with contextlib.suppress(OSError):
+            if _IMPORTS_VLLM.search(file.read_bytes()):
+                return
+    raise UsageError(
+        f"{path}: no vllm package under this path (looked for vllm/__init__.py in it or one "
+        "folder down, for it being the vllm package, and for Python files that import vllm); "
+        "pass the folder that holds vllm/"
+    )
 
 
 def relative(path: Path, root: Path) -> str:

@@ -321,21 +321,56 @@ def test_byte_order_mark_and_crlf_survive(
 # -- empty input -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv", [["scan"], ["apply"], ["apply", "--check"], ["revert"]])
-def test_empty_tree_and_empty_files(
+ALL_COMMANDS = [["scan"], ["apply"], ["apply", "--check"], ["apply", "--dry-run"], ["revert"],
+                ["verify"], ["apply", "--commit"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", ALL_COMMANDS, ids=" ".join)
+def test_a_path_without_vllm_is_a_usage_error(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]
 ) -> None:
-    """Nothing to do is exit 0, not an error; an empty file is no site."""
+    """An empty folder, or one holding Python but no vllm package (issue 13:
+    `apply --check` passed on both): exit 2, one line, nothing created."""
     for tree in (tmp_path / "empty", tmp_path / "blank"):
         tree.mkdir()
     (tmp_path / "blank" / "__init__.py").write_bytes(b"")
-    (tmp_path / "blank" / "spec_token_indx.py").write_bytes(b"\n")
+    (tmp_path / "blank" / "spec_token_indx.py").write_bytes(b"import os\n")
+    (tmp_path / "blank" / "vllm").mkdir()  # no __init__.py: not the package
     for tree in (tmp_path / "empty", tmp_path / "blank"):
         before = snapshot(tree)
         code, out, err = run(capsys, *argv, str(tree))
-        assert (code, err) == (0, ""), err
-        assert "nothing" in out or "no GDN spec path" in out
+        assert (code, out) == (2, "")
+        refused(err, f"{tree}: no vllm package under this path", "vllm/__init__.py")
         assert snapshot(tree) == before and not (tree / atomic.STATE_DIR).exists()
+
+
+@pytest.mark.parametrize(
+    "layout", ["root", "sdist-one-level-down", "the-package-itself", "plugin", "one-file"]
+)
+def test_what_counts_as_a_vllm_tree(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, layout: str
+) -> None:
+    """Nothing to do is exit 0, not an error, on every shape of vLLM tree."""
+    if layout == "plugin":
+        pkg = tmp_path / "vllm_ascend"
+        pkg.mkdir()
+        (pkg / "__init__.py").write_text("")
+        (pkg / "models.py").write_text("from vllm.config import VllmConfig\n")
+        path = tmp_path
+    else:
+        top = tmp_path / "vllm-0.25.1" if layout == "sdist-one-level-down" else tmp_path
+        (top / "vllm").mkdir(parents=True)
+        (top / "vllm" / "__init__.py").write_text("")
+        (top / "vllm" / "spec_token_indx.py").write_bytes(b"\n")
+        path = {"the-package-itself": top / "vllm", "one-file": top / "vllm" / "__init__.py"}.get(
+            layout, tmp_path
+        )
+    before = snapshot(tmp_path)
+    for argv in (["scan"], ["apply"], ["apply", "--check"], ["revert"]):
+        code, out, err = run(capsys, *argv, str(path))
+        assert (code, err) == (0, ""), (argv, err)
+        assert "nothing" in out or "no GDN spec path" in out
+    assert snapshot(tmp_path) == before and not list(tmp_path.rglob(atomic.STATE_DIR))
 
 
 # -- files and folders that cannot be written --------------------------------------
@@ -429,6 +464,7 @@ def _two_affected(root: Path) -> tuple[Path, Path]:
     first.parent.mkdir(parents=True, exist_ok=True)
     first.write_text(AFFECTED)
     second.write_text(AFFECTED)
+    (root / "vllm" / "__init__.py").write_text("")
     return first, second
 
 
@@ -694,7 +730,6 @@ def test_leftovers_of_a_killed_run_are_reported_then_removed(
     tree = tmp_path / "tree"
     tree.mkdir()
     first, _ = _two_affected(tree)
-    (tree / "vllm" / "__init__.py").write_text("")
     proc = _child("stage", first, tree, tmp_path / "ready")
     proc.send_signal(signal.SIGKILL)
     proc.wait()

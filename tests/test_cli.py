@@ -83,6 +83,20 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], affected_tree: 
     assert run(capsys, "frobnicate")[0] == 2
 
 
-def test_empty_tree_has_no_sites(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_tree_without_sites(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("")
     code, out, _ = run(capsys, "scan", str(tmp_path), "--json")
     assert code == 0 and json.loads(out)["sites"] == []
+
+
+def test_check_on_an_affected_tree_says_what_is_affected(
+    capsys: pytest.CaptureFixture[str], affected_tree: Path
+) -> None:
+    """Issue 13: it said "nothing to do: no affected site" while exiting 1."""
+    expected = f"check failed: 1 affected site(s): {SITE.as_posix()}:2 Layer._forward_core"
+    code, out, _ = run(capsys, "apply", "--check", str(affected_tree))
+    assert code == 1 and out.rstrip("\n").splitlines()[-1] == expected
+    assert "nothing to do" not in out
+    code, out, _ = run(capsys, "apply", "--check", str(affected_tree), "--json")
+    assert code == 1 and json.loads(out)["message"] == expected
