@@ -25,9 +25,45 @@ if TYPE_CHECKING:
     from gdn_backport import matrix
 
 
+DESCRIPTION = """\
+Find, prove and backport the fix of vLLM PR #51812 (Gated DeltaNet
+speculative decoding: the spec kernel read other tokens' gate rows in mixed
+batches) in any vLLM tree: a checkout or fork, an unpacked sdist, the vllm
+package itself, or the vllm this Python imports. Sites are found by analysing
+the code, never by version number; nothing of the target is executed."""
+
+EPILOG = """\
+commands:
+  scan PATH                  GDN spec paths: affected / fixed / not_affected / unknown
+  apply PATH                 rewrite affected sites in place, print the diff
+  apply --check PATH         CI gate: exit 1 while an affected site remains
+  apply --dry-run PATH       the diff only
+  apply --commit PATH        git: the fix as one commit on a new branch
+  revert PATH                the original bytes back
+  verify PATH                the mixed-batch regression suite on that tree
+  fetch X.Y.Z                a release's sources from PyPI into the cache
+  matrix                     every release of matrix/ (--format github|buildkite for CI)
+  doctor                     which GDN code this Python's vLLM runs, and its status
+
+PATH: a folder holding vllm/ (or one folder down), the vllm package itself,
+a plugin importing vllm, or one file. Instead of PATH: --installed (the vllm
+this Python imports) or --release X.Y.Z (fetched from PyPI; apply/revert
+work on a copy, --workdir, default ./vllm-X.Y.Z).
+
+exit codes:
+  0  done, or nothing to do
+  1  a check failed, or affected sites remain
+  2  bad usage or a refusal: one line on stderr naming the file and the
+     reason; nothing was changed on disk (README: "What a refusal means")
+
+`gdn-backport COMMAND --help` shows a command's options."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message}")
+        # main() prints "gdn-backport: " once: name only the command here.
+        command = self.prog.removeprefix("gdn-backport").strip()
+        raise UsageError(f"{command}: {message}" if command else message)
 
 
 def _target(p: argparse.ArgumentParser, write: bool = False) -> None:
@@ -48,7 +84,12 @@ def _target(p: argparse.ArgumentParser, write: bool = False) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="gdn-backport", description=__doc__.splitlines()[0])
+    parser = _Parser(
+        prog="gdn-backport",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"gdn-backport {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 

@@ -14,6 +14,7 @@ import difflib
 import enum
 import glob
 import os
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -364,7 +365,8 @@ def _write(
             raise
         records.collect()
         out.written.extend(relative(file, root) for file, _, _, _ in staged)
-    out.message = f"patched {len(out.written)} file(s); undo with `gdn-backport revert`"
+    undo = shlex.join(["gdn-backport", "revert", str(root)])
+    out.message = f"patched {len(out.written)} file(s); undo with `{undo}`"
 
 
 def _forget(

@@ -100,3 +100,33 @@ def test_check_on_an_affected_tree_says_what_is_affected(
     assert "nothing to do" not in out
     code, out, _ = run(capsys, "apply", "--check", str(affected_tree), "--json")
     assert code == 1 and json.loads(out)["message"] == expected
+
+
+def test_help_is_for_users(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "main(argv)" not in out and "library API" not in out
+    for part in ("PR #51812", "apply --check PATH", "exit codes:", "2  bad usage or a refusal"):
+        assert part in out, part
+
+
+def test_a_usage_error_names_the_program_once(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "revert")
+    assert code == 2
+    assert err == (
+        "gdn-backport: revert: one of the arguments path --release --installed is required\n"
+    )
+
+
+def test_the_undo_hint_names_the_tree(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, affected_tree: Path
+) -> None:
+    spaced = tmp_path / "my fork"
+    affected_tree.rename(spaced)
+    code, out, _ = run(capsys, "apply", str(spaced))
+    assert code == 0
+    assert f"undo with `gdn-backport revert '{spaced}'`" in out
+    code, out, _ = run(capsys, "revert", str(spaced))
+    assert code == 0 and "restored 1 file(s)" in out
