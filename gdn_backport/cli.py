@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -184,20 +184,33 @@ def _matrix_cells(p: argparse.ArgumentParser) -> None:
                    help="--format buildkite: run CMD before each cell (an install)")  # fmt: skip
 
 
-def _resolve(args: argparse.Namespace, write: bool) -> Path:
+def _resolve(args: argparse.Namespace, write: bool, create: bool = True) -> Path | None:
+    """The tree a command works on. ``write``: it will be written (a PATH in
+    the release cache is refused; ``--release`` means the --workdir copy);
+    ``create``: make that copy if missing (else None when there is none)."""
+    if getattr(args, "workdir", None) is not None and args.release is None:
+        raise UsageError(f"{args.command}: --workdir goes with --release")
     if args.path is not None:
         check_vllm_tree(Path(args.path), records=args.command == "revert")
+        if write:
+            sources.check_outside_cache(Path(args.path))
         return Path(args.path)
     if args.installed:
         return installed.locate_vllm().root
-    tree = sources.release_tree(args.release)
     if not write:
-        return tree
+        return sources.release_tree(args.release)
     work = args.workdir or Path(f"vllm-{args.release}")
-    if not work.exists():
-        shutil.copytree(tree, work, ignore=shutil.ignore_patterns(".gdn-backport-complete"))
+    made = not os.path.lexists(work) or (work.is_dir() and not any(work.iterdir()))
+    tree = sources.workdir(args.release, work, create=create)
+    if tree is not None and made:
         print(f"copied vllm {args.release} to {work}", file=sys.stderr)
-    return work
+    return tree
+
+
+def _tree(args: argparse.Namespace, write: bool) -> Path:
+    tree = _resolve(args, write)
+    assert tree is not None
+    return tree
 
 
 def _where(site: Site) -> str:
@@ -220,7 +233,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     if args.installed:
         result = installed.scan_full(installed.locate_vllm())
     else:
-        result = scan_tree_full(_resolve(args, write=False))
+        result = scan_tree_full(_tree(args, write=False))
     root, sites = result.root, result.sites
     left = [relative(p, root) for p in result.leftovers]
     if args.json:
@@ -300,7 +313,7 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         code = _print_outcome(out, args.json)
         _warn(installed.caches_warning(out.tree, caches))
     else:
-        out = apply_tree(_resolve(args, write=mode is Mode.WRITE), args.strategy, mode)
+        out = apply_tree(_tree(args, write=mode is Mode.WRITE), args.strategy, mode)
         code = _print_outcome(out, args.json)
     # --dry-run previews: affected sites remaining is expected, not a failure.
     return 0 if mode is Mode.DRY_RUN and code == 1 else code
@@ -315,6 +328,7 @@ def _apply_git(args: argparse.Namespace, mode: Mode) -> int:
     if args.path is None:
         raise UsageError("apply: --commit/--format-patch take a PATH in a git work tree")
     check_vllm_tree(args.path)
+    sources.check_outside_cache(args.path)
     if args.branch and not args.commit:
         raise UsageError("apply: --branch goes with --commit")
     result = gitflow.apply_git(
@@ -345,7 +359,14 @@ def _cmd_revert(args: argparse.Namespace) -> int:
         code = _print_outcome(out, args.json)
         _warn(installed.caches_warning(out.tree, caches))
     else:
-        out = revert_tree(_resolve(args, write=True), mode)
+        tree = _resolve(args, write=True, create=False)
+        if tree is None:
+            # --release with no copy made yet: nothing was ever patched there.
+            work = args.workdir or Path(f"vllm-{args.release}")
+            out = Outcome(work, message=f"nothing to revert: {work} does not exist (no copy "
+                          f"of vllm {args.release} was made)")  # fmt: skip
+        else:
+            out = revert_tree(tree, mode)
         code = _print_outcome(out, args.json)
     return 2 if code == 2 else 0
 
@@ -432,7 +453,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             raise UsageError(f"--heads {args.heads}: expected H,HV,D (three integers)") from exc
         heads = (h, hv, dim)
     report = verify_tree(
-        _resolve(args, write=False), device=args.device, scenarios=args.scenario, heads=heads
+        _tree(args, write=False), device=args.device, scenarios=args.scenario, heads=heads
     )
     print(report.to_json() if args.json else report.table())
     if report.error:
