@@ -181,7 +181,8 @@ def _matrix_cells(p: argparse.ArgumentParser) -> None:
                    help="JUnit XML per cell, summary.json and .md (.nox-results)")  # fmt: skip
     p.add_argument("--queue", default="gpu", help="--format buildkite: the agent queue")
     p.add_argument("--setup", default="", metavar="CMD",
-                   help="--format buildkite: run CMD before each cell (an install)")  # fmt: skip
+                   help="--format buildkite: run CMD before each cell (an install); every $ is "
+                   "written $$ so Buildkite's upload leaves $VAR for the step's shell")  # fmt: skip
 
 
 def _resolve(args: argparse.Namespace, write: bool, create: bool = True) -> Path | None:
