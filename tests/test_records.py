@@ -418,3 +418,43 @@ def test_corrupted_records_refuse_cleanly_or_restore(ops: list[tuple[str, object
                 assert files(root) == before, argv
             else:
                 assert (root / SITE).read_text() in (AFFECTED, FIXED)
+
+
+def test_a_file_left_patched_by_a_failed_rollback_keeps_its_record(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two files; the second rename fails, and so does putting the first one
+    back: the first stays patched, so its record must stay (issue 13: the
+    rollback dropped the records after the fact, so a patched file could be
+    left with none). revert then restores it."""
+    import errno
+    import os
+
+    tree = tmp_path / "tree"
+    first, second = tree / "vllm" / "a_layer.py", tree / "vllm" / "b_layer.py"
+    first.parent.mkdir(parents=True)
+    (tree / "vllm" / "__init__.py").write_text("")
+    first.write_text(AFFECTED)
+    second.write_text(AFFECTED)
+    real_replace = os.replace
+    calls: list[Path] = []
+
+    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        calls.append(Path(dst))
+        if Path(dst) == second or (Path(dst) == first and calls.count(first) == 2):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    code, _, err = run(capsys, "apply", str(tree))
+    monkeypatch.undo()
+    assert code == 2 and err.count("\n") == 1
+    assert f"{first} keeps the new bytes" in err
+    assert (first.read_text(), second.read_text()) == (FIXED, AFFECTED)
+    records = Records(tree)
+    rec = records.matching("vllm/a_layer.py", sha(FIXED.encode()))
+    assert rec is not None and records.original(rec) == AFFECTED.encode()
+    assert records.matching("vllm/b_layer.py", sha(FIXED.encode())) is None
+    code, out, _ = run(capsys, "revert", str(tree))
+    assert code == 0 and "restored 1 file(s)" in out
+    assert first.read_text() == second.read_text() == AFFECTED
