@@ -184,12 +184,21 @@ def python_files(root: Path) -> Iterator[Path]:
     yield from walk(root).files
 
 
+def _fields(patchset: Patchset) -> list[str]:
+    return sorted({*patchset.fields.spec_index, *patchset.fields.spec_state})
+
+
+def _may_hold(named: set[str], patchset: Patchset) -> bool:
+    """The one rule of the sieve, on the fields a file names: a spec path
+    names a spec-token field *and* a spec state field (see
+    :func:`candidates`, which needs both in the function's text)."""
+    fields = patchset.fields
+    return not named.isdisjoint(fields.spec_index) and not named.isdisjoint(fields.spec_state)
+
+
 def may_hold_site(data: bytes, patchset: Patchset) -> bool:
-    """A spec path names a spec-token field *and* a spec state field (see
-    :func:`candidates`): a file that lacks either cannot hold one."""
-    return any(f.encode() in data for f in patchset.fields.spec_index) and any(
-        f.encode() in data for f in patchset.fields.spec_state
-    )
+    """``data`` may hold a site: a file that fails this cannot."""
+    return _may_hold({f for f in _fields(patchset) if f.encode() in data}, patchset)
 
 
 def mentions_fields(data: bytes, patchset: Patchset) -> bool:
@@ -199,22 +208,22 @@ def mentions_fields(data: bytes, patchset: Patchset) -> bool:
 
 def read_candidate(path: Path, patchset: Patchset) -> bytes | None:
     """The file's bytes if it may hold a site (:func:`may_hold_site`), else
-    None. Read in chunks: a large file that lacks a field costs one pass and
-    no parse; one that names both is read whole, whatever its size."""
-    index = [f.encode() for f in patchset.fields.spec_index]
-    state = [f.encode() for f in patchset.fields.spec_state]
-    overlap = max(len(f) for f in [*index, *state]) - 1
+    None. Read in chunks (``CHUNK``, overlapping by a field's length): a
+    large file that fails the rule costs one pass, is never kept whole,
+    decoded or parsed; one that passes is read whole, whatever its size."""
+    fields = _fields(patchset)
+    wanted = [(f, f.encode()) for f in fields]
+    overlap = max(len(f) for _, f in wanted) - 1
     with path.open("rb") as fh:
         chunk = fh.read(CHUNK)
         if len(chunk) < CHUNK:  # the common case: the whole file in one read
             return chunk if may_hold_site(chunk, patchset) else None
-        has_index = has_state = False
+        named: set[str] = set()
         tail = b""
         while chunk:
             window = tail + chunk
-            has_index = has_index or any(f in window for f in index)
-            has_state = has_state or any(f in window for f in state)
-            if has_index and has_state:
+            named.update(name for name, f in wanted if name not in named and f in window)
+            if _may_hold(named, patchset):
                 fh.seek(0)
                 return fh.read()
             tail = window[-overlap:]
