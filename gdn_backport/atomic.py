@@ -14,7 +14,9 @@ import errno
 import fcntl
 import os
 import stat
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,29 +83,151 @@ def write_atomic(path: Path, data: bytes, like: Path | None = None) -> None:
     commit(stage(path, data, like), path)
 
 
-@contextlib.contextmanager
-def tree_lock(root: Path) -> Iterator[None]:
-    """Serialise writers of one tree; a second run fails at once (exit 2)."""
-    state = root / STATE_DIR
+LOCK = "lock"
+# How long a run waits for another run's lock (seconds); the environment's
+# GDN_BACKPORT_LOCK_TIMEOUT overrides it.
+DEFAULT_LOCK_TIMEOUT = 120.0
+# Locks this process holds: realpath of the lock file -> [fd, depth]. A run
+# that holds its tree's lock may call code that takes it again (``apply
+# --commit`` runs apply, and revert on a git failure).
+_HELD: dict[str, list[int]] = {}
+
+
+def lock_timeout() -> float:
+    raw = os.environ.get("GDN_BACKPORT_LOCK_TIMEOUT")
+    if raw is None:
+        return DEFAULT_LOCK_TIMEOUT
     try:
-        state.mkdir(exist_ok=True)
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise UsageError(f"GDN_BACKPORT_LOCK_TIMEOUT={raw!r}: expected a number of seconds >= 0")
+    return value
+
+
+def _make_state(state: Path) -> bool | None:
+    """Make the records folder if missing: True if made here, False if it
+    was there, None if it cannot be made for lack of permission (a
+    read-only tree: nothing can be written there, so nothing to serialise)."""
+    try:
+        mode = os.lstat(state).st_mode
+    except FileNotFoundError:
+        try:
+            state.mkdir()
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                return None
+            raise UsageError(f"{state}: cannot create the lock ({exc.strerror})") from exc
         # Keep the sidecar out of the user's git status without touching
         # their .gitignore.
-        ignore = state / ".gitignore"
-        if not ignore.exists():
-            ignore.write_text("*\n")
-        fd = os.open(state / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise UsageError(f"{state}: cannot create the lock ({exc.strerror})") from exc
-    try:
+        with contextlib.suppress(OSError):
+            (state / ".gitignore").write_text("*\n")
+        return True
+    if stat.S_ISLNK(mode) or not stat.S_ISDIR(mode):
+        raise UsageError(
+            f"{state}: not a folder (a symbolic link?); gdn-backport keeps its lock and "
+            "records in a real folder of the tree: remove it"
+        )
+    return False
+
+
+def _holder(fd: int) -> str:
+    """`` (pid N)`` as the holder wrote it in the lock file, or ``""``."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return f" (pid {int(os.pread(fd, 32, 0).split()[0])})"
+    return ""
+
+
+def _acquire(state: Path, timeout: float) -> tuple[int, bool] | None:
+    """Open and lock ``state/lock``, waiting up to ``timeout`` seconds: the
+    fd and whether the folder was made here; None on a read-only tree."""
+    lock = state / LOCK
+    start = time.monotonic()
+    delay, told = 0.01, False
+    while True:
+        created = _make_state(state)
+        if created is None:
+            return None
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:
+            continue  # the holder we waited for removed the folder: make it again
+        except OSError as exc:
+            raise UsageError(f"{lock}: cannot create the lock ({exc.strerror})") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                os.close(fd)
+                raise UsageError(f"{lock}: cannot lock ({exc.strerror})") from exc
+            holder = _holder(fd)
+            os.close(fd)
+            waited = time.monotonic() - start
+            if waited >= timeout:
                 raise UsageError(
-                    f"{state / 'lock'}: another gdn-backport run is writing this tree"
+                    f"{lock}: another gdn-backport run{holder} holds this tree's lock; "
+                    f"gave up after {timeout:g} s (GDN_BACKPORT_LOCK_TIMEOUT sets the wait)"
                 ) from exc
-            raise
+            if not told and waited >= 1.0 and sys.stderr.isatty():
+                print(f"gdn-backport: waiting for {lock}{holder} ...", file=sys.stderr)
+                told = True
+            time.sleep(min(delay, max(timeout - waited, 0.0)))
+            delay = min(delay * 2, 0.1)
+            continue
+        # The run we waited for may have removed the lock file as it ended:
+        # a lock on a file no longer there serialises nothing.
+        try:
+            now = os.stat(lock, follow_symlinks=False)
+        except FileNotFoundError:
+            now = None
+        mine = os.fstat(fd)
+        if now is None or (now.st_ino, now.st_dev) != (mine.st_ino, mine.st_dev):
+            os.close(fd)
+            continue
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd, created
+
+
+@contextlib.contextmanager
+def tree_lock(root: Path, timeout: float | None = None) -> Iterator[None]:
+    """Serialise the runs that write one tree, over their whole run.
+
+    A second run waits for the first (up to ``timeout``, default
+    :func:`lock_timeout`), then sees its result; on timeout UsageError names
+    the lock and the holder's pid. Taking the lock again in the same process
+    is a no-op. A records folder made only for the lock is removed again
+    (while still locked: a waiter then finds its lock file gone and retries).
+    """
+    state = root / STATE_DIR
+    key = os.path.realpath(state / LOCK)
+    if key in _HELD:
+        _HELD[key][1] += 1
+        try:
+            yield
+        finally:
+            _HELD[key][1] -= 1
+        return
+    got = _acquire(state, lock_timeout() if timeout is None else timeout)
+    if got is None:
+        yield  # read-only tree: any write is refused by its own checks
+        return
+    fd, created = got
+    _HELD[key] = [fd, 1]
+    try:
         yield
     finally:
-        os.close(fd)
+        del _HELD[key]
+        try:
+            if created and {p.name for p in state.iterdir()} <= {LOCK, ".gitignore"}:
+                for name in (".gitignore", LOCK):
+                    (state / name).unlink(missing_ok=True)
+                state.rmdir()
+        except OSError:
+            pass
+        finally:
+            os.close(fd)

@@ -123,15 +123,20 @@ def buildkite_pipeline(
     cells: Sequence[Cell], queue: str = "gpu", setup: str = ""
 ) -> dict[str, object]:
     """One command step per cell on agent ``queue``; ``setup`` (a shell
-    command, e.g. installing gdn-backport) runs before the cell if given."""
+    command, e.g. installing gdn-backport) runs before the cell if given.
+
+    Buildkite interpolates ``$VAR`` in the pipeline when it is uploaded (from
+    the upload step's environment, empty if unset); every ``$`` of the
+    commands is written ``$$`` so the step's shell gets it as written
+    (``$VAR`` is then the agent's variable, when the step runs)."""
     if not queue.strip():
         raise UsageError("--queue: must not be empty")
     before = f"{setup.strip()} && " if setup.strip() else ""
     steps = [
         {
-            "label": f"gdn-backport {c.target} {c.strategy}",
+            "label": _literal(f"gdn-backport {c.target} {c.strategy}"),
             "key": step_key(c),
-            "command": before + command(c),
+            "command": _literal(before + command(c)),
             "agents": {"queue": queue},
             "artifact_paths": f"{RESULTS}/**/*",
             "timeout_in_minutes": STEP_TIMEOUT_MINUTES,
@@ -143,6 +148,11 @@ def buildkite_pipeline(
     if problems:
         raise UsageError("buildkite pipeline: " + "; ".join(problems))
     return doc
+
+
+def _literal(text: str) -> str:
+    """``text`` as Buildkite's upload-time interpolation gives it back."""
+    return text.replace("$", "$$")
 
 
 def buildkite_yaml(cells: Sequence[Cell], queue: str = "gpu", setup: str = "") -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,15 +20,51 @@ from gdn_backport.engine import Mode, Outcome, apply_tree, revert_tree
 from gdn_backport.errors import UsageError
 from gdn_backport.patchset import for_tree
 from gdn_backport.report import table
-from gdn_backport.scan import Site, scan_tree, tree_root
+from gdn_backport.scan import Site, check_vllm_tree, relative, scan_tree_full, tree_root
 
 if TYPE_CHECKING:
     from gdn_backport import matrix
 
 
+DESCRIPTION = """\
+Find, prove and backport the fix of vLLM PR #51812 (Gated DeltaNet
+speculative decoding: the spec kernel read other tokens' gate rows in mixed
+batches) in any vLLM tree: a checkout or fork, an unpacked sdist, the vllm
+package itself, or the vllm this Python imports. Sites are found by analysing
+the code, never by version number; nothing of the target is executed."""
+
+EPILOG = """\
+commands:
+  scan PATH                  GDN spec paths: affected / fixed / not_affected / unknown
+  apply PATH                 rewrite affected sites in place, print the diff
+  apply --check PATH         CI gate: exit 1 while an affected site remains
+  apply --dry-run PATH       the diff only
+  apply --commit PATH        git: the fix as one commit on a new branch
+  revert PATH                the original bytes back
+  verify PATH                the mixed-batch regression suite on that tree
+  fetch X.Y.Z                a release's sources from PyPI into the cache
+  matrix                     every release of matrix/ (--format github|buildkite for CI)
+  doctor                     which GDN code this Python's vLLM runs, and its status
+
+PATH: a folder holding vllm/ (or one folder down), the vllm package itself,
+a plugin importing vllm, or one file. Instead of PATH: --installed (the vllm
+this Python imports) or --release X.Y.Z (fetched from PyPI; apply/revert
+work on a copy, --workdir, default ./vllm-X.Y.Z).
+
+exit codes:
+  0  done, or nothing to do
+  1  a check failed, or affected sites remain
+  2  bad usage or a refusal: one line on stderr naming the file and the
+     reason; nothing was changed on disk (README: "What a refusal means")
+
+`gdn-backport COMMAND --help` shows a command's options."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message}")
+        # main() prints "gdn-backport: " once: name only the command here.
+        command = self.prog.removeprefix("gdn-backport").strip()
+        raise UsageError(f"{command}: {message}" if command else message)
 
 
 def _target(p: argparse.ArgumentParser, write: bool = False) -> None:
@@ -61,7 +97,12 @@ def _kernels(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="gdn-backport", description=__doc__.splitlines()[0])
+    parser = _Parser(
+        prog="gdn-backport",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"gdn-backport {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -155,22 +196,43 @@ def _matrix_cells(p: argparse.ArgumentParser) -> None:
                    help="JUnit XML per cell, summary.json and .md (.nox-results)")  # fmt: skip
     p.add_argument("--queue", default="gpu", help="--format buildkite: the agent queue")
     p.add_argument("--setup", default="", metavar="CMD",
-                   help="--format buildkite: run CMD before each cell (an install)")  # fmt: skip
+                   help="--format buildkite: run CMD before each cell (an install); every $ is "
+                   "written $$ so Buildkite's upload leaves $VAR for the step's shell")  # fmt: skip
 
 
-def _resolve(args: argparse.Namespace, write: bool) -> Path:
+def _resolve(args: argparse.Namespace, write: bool, create: bool = True) -> Path | None:
+    """The tree a command works on. ``write``: it will be written (a PATH in
+    the release cache is refused; ``--release`` means the --workdir copy);
+    ``create``: make that copy if missing (else None when there is none)."""
+    if getattr(args, "workdir", None) is not None and args.release is None:
+        raise UsageError(f"{args.command}: --workdir goes with --release")
     if args.path is not None:
+        check_vllm_tree(Path(args.path), records=args.command == "revert")
+        if write:
+            sources.check_outside_cache(Path(args.path))
         return Path(args.path)
     if args.installed:
         return installed.locate_vllm().root
-    tree = sources.release_tree(args.release)
     if not write:
-        return tree
+        return sources.release_tree(args.release)
     work = args.workdir or Path(f"vllm-{args.release}")
-    if not work.exists():
-        shutil.copytree(tree, work, ignore=shutil.ignore_patterns(".gdn-backport-complete"))
+    made = not os.path.lexists(work) or (work.is_dir() and not any(work.iterdir()))
+    tree = sources.workdir(args.release, work, create=create)
+    if tree is not None and made:
         print(f"copied vllm {args.release} to {work}", file=sys.stderr)
-    return work
+    return tree
+
+
+def _tree(args: argparse.Namespace, write: bool) -> Path:
+    tree = _resolve(args, write)
+    assert tree is not None
+    return tree
+
+
+def _where(site: Site) -> str:
+    """``path:line``, and where a symbolic link on the way really leads."""
+    at = f"{site.path}:{site.line}"
+    return f"{at} -> {site.target}" if site.target else at
 
 
 def _print_sites(root: Path, sites: Sequence[Site]) -> None:
@@ -181,7 +243,7 @@ def _print_sites(root: Path, sites: Sequence[Site]) -> None:
         return
     chains = any(s.via for s in sites)
     rows: list[tuple[str, ...]] = [
-        (f"{s.path}:{s.line}", s.function, s.status.value)
+        (_where(s), s.function, s.status.value)
         + ((s.chain or "-",) if chains else ())
         + (s.reason,)
         for s in sites
@@ -192,16 +254,24 @@ def _print_sites(root: Path, sites: Sequence[Site]) -> None:
 
 def _cmd_scan(args: argparse.Namespace) -> int:
     if args.installed:
-        root, sites = installed.scan(installed.locate_vllm(), args.kernels)
+        result = installed.scan_full(installed.locate_vllm(), args.kernels)
     else:
-        path = _resolve(args, write=False)
-        root, sites = scan_tree(path, for_tree(tree_root(path), args.kernels))
+        path = _tree(args, write=False)
+        result = scan_tree_full(path, for_tree(tree_root(path), args.kernels))
+    root, sites = result.root, result.sites
+    left = [relative(p, root) for p in result.leftovers]
     if args.json:
         version = vllm_version.to_json(vllm_version.detect(root))
-        doc = {"tree": str(root), "sites": [s.to_json() for s in sites], "vllm_version": version}
+        doc = {
+            "tree": str(root),
+            "sites": [s.to_json() for s in sites],
+            "vllm_version": version,
+            "leftovers": left,
+        }
         print(json.dumps(doc, indent=2))
     else:
         _print_sites(root, sites)
+    _warn(_leftovers_warning(root, left))
     bad = {s.status.value for s in sites}
     return 2 if "unknown" in bad else 1 if "affected" in bad else 0
 
@@ -224,7 +294,7 @@ def _print_outcome(
         print(vllm_version.line(version))
         chains = any(c.site.via for c in out.changes)
         rows: list[tuple[str, ...]] = [
-            (f"{c.site.path}:{c.site.line}", c.site.function)
+            (_where(c.site), c.site.function)
             + ((c.site.chain or "-",) if chains else ())
             + (c.site.status.value, c.rewritten.status.value, "yes" if c.changed else "no")
             for c in out.changes
@@ -239,7 +309,24 @@ def _print_outcome(
             print(note)
     for path, reason in out.refused:
         print(f"gdn-backport: {out.tree / path}: {reason}", file=sys.stderr)
+    if out.leftovers_removed:
+        if not as_json:
+            n = len(out.leftovers)
+            print(f"removed {n} leftover temporary file(s) of an interrupted gdn-backport run: "
+                  + ", ".join(out.leftovers))  # fmt: skip
+    elif not out.refused:
+        _warn(_leftovers_warning(out.tree, out.leftovers))
     return out.exit_code
+
+
+def _leftovers_warning(root: Path, left: Sequence[str]) -> str:
+    if not left:
+        return ""
+    return (
+        f"gdn-backport: warning: {len(left)} leftover temporary file(s) of an interrupted "
+        f"gdn-backport run in {root}: {', '.join(left)}; the next `gdn-backport apply` or "
+        "`revert` of this tree removes them"
+    )
 
 
 def _cmd_apply(args: argparse.Namespace) -> int:
@@ -254,7 +341,7 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         _warn(installed.caches_warning(out.tree, caches))
     else:
         out = apply_tree(
-            _resolve(args, write=mode is Mode.WRITE), args.strategy, mode, kernels=args.kernels
+            _tree(args, write=mode is Mode.WRITE), args.strategy, mode, kernels=args.kernels
         )
         code = _print_outcome(out, args.json)
     # --dry-run previews: affected sites remaining is expected, not a failure.
@@ -269,6 +356,8 @@ def _apply_git(args: argparse.Namespace, mode: Mode) -> int:
         raise UsageError(f"apply: --commit/--format-patch and {other} exclude each other")
     if args.path is None:
         raise UsageError("apply: --commit/--format-patch take a PATH in a git work tree")
+    check_vllm_tree(args.path)
+    sources.check_outside_cache(args.path)
     if args.branch and not args.commit:
         raise UsageError("apply: --branch goes with --commit")
     result = gitflow.apply_git(
@@ -278,6 +367,7 @@ def _apply_git(args: argparse.Namespace, mode: Mode) -> int:
         branch=args.branch,
         allow_dirty=args.allow_dirty,
         patch=args.format_patch,
+        kernels=args.kernels,
     )
     # The version as it was before the commit (after it, git describe says 0.25.1-1-g...).
     code = _print_outcome(
@@ -299,7 +389,14 @@ def _cmd_revert(args: argparse.Namespace) -> int:
         code = _print_outcome(out, args.json)
         _warn(installed.caches_warning(out.tree, caches))
     else:
-        out = revert_tree(_resolve(args, write=True), mode)
+        tree = _resolve(args, write=True, create=False)
+        if tree is None:
+            # --release with no copy made yet: nothing was ever patched there.
+            work = args.workdir or Path(f"vllm-{args.release}")
+            out = Outcome(work, message=f"nothing to revert: {work} does not exist (no copy "
+                          f"of vllm {args.release} was made)")  # fmt: skip
+        else:
+            out = revert_tree(tree, mode)
         code = _print_outcome(out, args.json)
     return 2 if code == 2 else 0
 
@@ -386,7 +483,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             raise UsageError(f"--heads {args.heads}: expected H,HV,D (three integers)") from exc
         heads = (h, hv, dim)
     report = verify_tree(
-        _resolve(args, write=False), device=args.device, scenarios=args.scenario, heads=heads
+        _tree(args, write=False), device=args.device, scenarios=args.scenario, heads=heads
     )
     print(report.to_json() if args.json else report.table())
     if report.error:

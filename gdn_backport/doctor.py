@@ -105,17 +105,20 @@ class Report:
 def _on_disk(root: Path, rel: str) -> str:
     """What ``apply``'s records (``<root>/.gdn-backport``) say about ``rel``."""
     try:
-        record = Records(root).entries.get(rel)
+        records = Records(root)
     except UsageError as exc:
         return f"unreadable record ({exc})"
-    if record is None:
+    if not records.for_path(rel):
         return "no apply record"
     try:
         current = sha256((root / rel).read_bytes())
     except OSError:
         return "apply record, file missing"
-    if current == record.patched_sha256:
+    record = records.matching(rel, current)
+    if record is not None:
         return f"patched by apply ({record.strategy})"
+    if any(r.original_sha256 == current for r in records.for_path(rel)):
+        return "apply record, the file holds its original"
     return "apply record, but the file changed since"
 
 

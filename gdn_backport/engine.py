@@ -1,17 +1,22 @@
 """``apply`` and ``revert`` over a tree: plan everything, then write or nothing.
 
-``apply`` scans, runs the strategy's codemod on every file with an affected
-site, and only if *every* file came out proven does it write: originals go
-to the records first, then each staged file replaces its original. A file
-with an ``unknown`` site, a codemod refusal, or a file that cannot be
-written stops the whole run before anything changes (exit 2).
+``apply`` analyses the tree (its spec paths followed through helpers, in
+any file), runs the strategy's codemod on every file that holds an affected
+site, analyses the whole tree again with every rewrite in place, and only
+if *every* site came out proven does it write: originals go to the records
+first, then each staged file replaces its original. An ``unknown`` site, a
+codemod refusal, or a file that cannot be written stops the whole run
+before anything changes (exit 2).
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import enum
 import glob
+import os
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +31,7 @@ from gdn_backport.codemods.base import Entry
 from gdn_backport.errors import UsageError
 from gdn_backport.patchset import Patchset, for_tree
 from gdn_backport.records import Record, Records, sha256
-from gdn_backport.scan import Site, analyse_tree, relative, sites_of, tree_root
+from gdn_backport.scan import Site, analyse_tree, relative, scan_tree_full, sites_of, tree_root
 from gdn_backport.sites import TreeAnalysis
 
 # A rewrite parses, regenerates and proves the whole module: about a minute
@@ -34,6 +39,11 @@ from gdn_backport.sites import TreeAnalysis
 # release is 0.35 MiB. Above this size apply refuses with the reason instead
 # of running for minutes; scan and --check read files of any size.
 MAX_REWRITE_BYTES = 2 * 1024 * 1024
+
+
+# A file a run will write: (the file, its path in the records: no link below
+# the tree, the original bytes, the new bytes).
+Staged = tuple[Path, str, bytes, bytes]
 
 
 class Mode(str, enum.Enum):
@@ -75,6 +85,10 @@ class Outcome:
     refused: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
     written: list[str] = field(default_factory=list)
     message: str = ""
+    # Temporaries an interrupted run left (tree-relative); removed by a
+    # writing run that went through (under the lock), else only reported.
+    leftovers: list[str] = field(default_factory=list)
+    leftovers_removed: bool = False
 
     @property
     def exit_code(self) -> int:
@@ -91,6 +105,8 @@ class Outcome:
             "written": self.written,
             "message": self.message,
             "exit_code": self.exit_code,
+            "leftovers": self.leftovers,
+            "leftovers_removed": self.leftovers_removed,
         }
 
 
@@ -129,13 +145,6 @@ def _rewrite(
     return rewritten if isinstance(rewritten, str) else new_tree.code
 
 
-# Called with the run so far and every (file, new bytes) once all files are
-# proven and before anything is written (in WRITE and DRY_RUN mode); raising
-# UsageError stops the run with nothing changed. git and --installed check
-# their own preconditions on the exact files here.
-BeforeWrite = Callable[[Outcome, list[tuple[Path, bytes]]], None]
-
-
 def _entries(analysis: TreeAnalysis, rel: str) -> list[Entry]:
     """The entry functions whose walks reach a site function of ``rel``."""
     found: list[Entry] = []
@@ -147,6 +156,13 @@ def _entries(analysis: TreeAnalysis, rel: str) -> list[Entry]:
     return found
 
 
+# Called with the run so far and every (file, new bytes) once all files are
+# proven and before anything is written (in WRITE and DRY_RUN mode); raising
+# UsageError stops the run with nothing changed. git and --installed check
+# their own preconditions on the exact files here.
+BeforeWrite = Callable[[Outcome, list[tuple[Path, bytes]]], None]
+
+
 def apply_tree(
     path: Path,
     strategy: str = "gather",
@@ -154,23 +170,42 @@ def apply_tree(
     *,
     root: Path | None = None,
     before_write: BeforeWrite | None = None,
+    within: str | None = None,
     kernels: Sequence[Path] = (),
 ) -> Outcome:
     """``root``: the tree paths and records are relative to, when ``path``
     is a folder below it (``--installed``: site-packages for ``vllm/``);
+    ``within``: the folder below ``root`` every record must name (``vllm``);
     ``kernels``: files declaring a fork's own kernels (``--kernels``)."""
     root = root or tree_root(path)
     patchset = for_tree(root, kernels)
     if strategy not in patchset.strategies or strategy not in registry.CODEMODS:
         choices = ", ".join(registry.CODEMODS)
         raise UsageError(f"--strategy {strategy}: unknown (choose from {choices})")
+    # A writing run holds the tree's lock from its first read to its last
+    # write: a second run waits, then plans on what the first one left.
+    lock: contextlib.AbstractContextManager[None] = (
+        atomic.tree_lock(root) if mode is Mode.WRITE else contextlib.nullcontext()
+    )
+    with lock:
+        return _apply(path, strategy, mode, root, before_write, within, patchset)
+
+
+def _apply(
+    path: Path,
+    strategy: str,
+    mode: Mode,
+    root: Path,
+    before_write: BeforeWrite | None,
+    within: str | None,
+    patchset: Patchset,
+) -> Outcome:
     out = Outcome(root)
-    analysis = analyse_tree(path, patchset, root=root)
-    before = sites_of(analysis)
+    scanned = scan_tree_full(path, patchset, root)
+    before = scanned.sites
     by_file: dict[str, list[Site]] = {}
     for s in before:
         by_file.setdefault(s.path, []).append(s)
-    staged: list[tuple[Path, str, bytes, bytes]] = []  # (file, rel, original, new)
     todo: list[str] = []
     for rel, sites in by_file.items():
         unknown = [s for s in sites if s.status is Status.UNKNOWN]
@@ -179,64 +214,92 @@ def apply_tree(
             out.refused.append((rel, f"{unknown[0].function}{chain}: {unknown[0].reason}"))
         elif any(s.status is Status.AFFECTED for s in sites):
             todo.append(rel)
+    staged: list[Staged] = []
+    texts: dict[Path, str] = {}  # tree path -> rewritten text
     if mode is not Mode.CHECK and not out.refused:
         for rel in todo:
-            file = root / rel
-            original = file.read_bytes()
-            if len(original) > MAX_REWRITE_BYTES:
-                size, limit = len(original) / 2**20, MAX_REWRITE_BYTES / 2**20
-                out.refused.append(
-                    (rel, f"{size:.1f} MiB is too large to rewrite (limit {limit:.0f} MiB)")
-                )
-                continue
-            text = locate.decode(file, original)
-            try:
-                new = _rewrite(strategy, file, text, root, patchset, _entries(analysis, rel))
-            except UsageError as exc:
-                out.refused.append((rel, str(exc).split(": refused: ", 1)[-1]))
-                continue
-            if new is None or new == text:
-                raise UsageError(
-                    f"{file}: the codemod found nothing to rewrite at an affected site"
-                )
-            out.diff += _diff(rel, text, new)
-            # Keep a UTF-8 byte-order mark (``locate.decode`` strips it to parse).
-            bom = locate.BOM if original.startswith(locate.BOM) else b""
-            staged.append((file, rel, original, bom + new.encode("utf-8")))
-    after_sites = before
+            staged_one = _stage(rel, strategy, root, patchset, scanned.analysis, scanned.links, out)
+            if staged_one is not None:
+                file, text, item = staged_one
+                texts[file] = text
+                staged.append(item)
+    after = before
     if staged and not out.refused:
-        after_sites = _prove_tree(path, root, patchset, staged, out)
+        after = _prove_tree(path, root, patchset, texts, out)
     for s in before:
-        out.changes.append(SiteChange(s, _match(after_sites, s), False))
+        out.changes.append(SiteChange(s, _match(after, s), False))
     if before_write is not None and staged and not out.refused and mode is not Mode.CHECK:
         before_write(out, [(file, new) for file, _, _, new in staged])
     if out.refused:
         # Fail closed: one file we cannot prove stops every write.
         out.diff = ""
         out.message = "refused: nothing was changed"
+    elif mode is Mode.CHECK and out.exit_code == 1:
+        affected = [c.site for c in out.changes if c.status is Status.AFFECTED]
+        where = ", ".join(f"{s.path}:{s.line} {s.function}" for s in affected)
+        out.message = f"check failed: {len(affected)} affected site(s): {where}"
     elif not staged:
         out.message = "nothing to do: no affected site"
     elif mode is Mode.DRY_RUN:
         out.message = "dry run: nothing was changed"
     elif mode is Mode.WRITE:
-        _write(root, staged, strategy, patchset.upstream, out)
+        _write(root, staged, strategy, patchset.upstream, out, within)
+        changed = {relative(file, root) for file in texts}
         for c in out.changes:
-            c.changed = c.site.path in out.written and c.rewritten.status is not c.site.status
+            c.changed = c.site.path in changed and c.rewritten.status is not c.site.status
+    _leftovers(out, scanned.leftovers, mode)
     return out
 
 
-def _prove_tree(
-    path: Path,
+def _stage(
+    rel: str,
+    strategy: str,
     root: Path,
     patchset: Patchset,
-    staged: list[tuple[Path, str, bytes, bytes]],
+    analysis: TreeAnalysis,
+    links: dict[Path, Path],
     out: Outcome,
+) -> tuple[Path, str, Staged] | None:
+    """Rewrite one file with an affected site: (its tree path, the new text,
+    what to write), or None with the refusal added to ``out``."""
+    file = root / rel
+    link = links.get(file)
+    dest = file if link is None else _inside(link, root)
+    if dest is None:
+        why = f"is a symbolic link to {link} outside the tree; patch the target's own tree"
+        out.refused.append((rel, why))
+        return None
+    original = file.read_bytes()
+    if len(original) > MAX_REWRITE_BYTES:
+        size, limit = len(original) / 2**20, MAX_REWRITE_BYTES / 2**20
+        out.refused.append((rel, f"{size:.1f} MiB is too large to rewrite (limit {limit:.0f} MiB)"))
+        return None
+    text = locate.decode(file, original)
+    try:
+        new = _rewrite(strategy, file, text, root, patchset, _entries(analysis, rel))
+    except UsageError as exc:
+        out.refused.append((rel, str(exc).split(": refused: ", 1)[-1]))
+        return None
+    if new is None or new == text:
+        raise UsageError(f"{file}: the codemod found nothing to rewrite at an affected site")
+    try:
+        # The file's own encoding (its PEP 263 declaration, its UTF-8
+        # byte-order mark, which ``locate.decode`` strips to parse).
+        data = locate.encode(file, new, original)
+    except UsageError as exc:
+        out.refused.append((rel, str(exc).split(": ", 1)[-1]))
+        return None
+    out.diff += _diff(rel, text, new)
+    return file, new, (dest, relative(dest, root), original, data)
+
+
+def _prove_tree(
+    path: Path, root: Path, patchset: Patchset, texts: dict[Path, str], out: Outcome
 ) -> list[Site]:
     """The whole tree analysed again with every rewrite in place: no site may
     be left affected or unknown (a helper shared across files, a caller in
     another file). Refuses on ``out`` otherwise; the sites after."""
-    overrides = {file: locate.decode(file, new) for file, _, _, new in staged}
-    after = sites_of(analyse_tree(path, patchset, overrides, root=root))
+    after = sites_of(analyse_tree(path, patchset, texts, root=root))
     for s in after:
         if s.status in (Status.AFFECTED, Status.UNKNOWN):
             chain = f" ({s.chain})" if s.via else ""
@@ -245,10 +308,43 @@ def _prove_tree(
     return after
 
 
+def _leftovers(out: Outcome, found: list[Path], mode: Mode) -> None:
+    """Report what an interrupted run left; a writing run that went through
+    (it holds the lock: nothing else of ours is writing) removes it."""
+    if mode is Mode.WRITE and not out.refused and found:
+        left = []
+        for p in found:
+            try:
+                p.unlink(missing_ok=True)
+            except OSError:
+                left.append(p)
+        out.leftovers_removed = not left
+        found = left or found
+    out.leftovers = [relative(p, out.tree) for p in found]
+
+
+def _inside(real: Path, root: Path) -> Path | None:
+    """``real`` (a resolved path) as ``root / <path with no link below root>``,
+    or None when it lies outside the tree."""
+    try:
+        rel = real.relative_to(os.path.realpath(root))
+    except ValueError:
+        return None
+    return root / rel
+
+
 def _match(after: list[Site], site: Site) -> Site:
     """The same function in the rewritten file (lines may have moved)."""
-    same = [s for s in after if s.function == site.function]
+    same = [s for s in after if s.function == site.function and s.path == site.path]
     return min(same, key=lambda s: abs(s.line - site.line)) if same else site
+
+
+def _text(path: Path, data: bytes) -> str:
+    """Source text for a diff; undecodable bytes shown escaped, never an error."""
+    try:
+        return locate.decode(path, data)
+    except UsageError:
+        return data.decode("utf-8", "backslashreplace")
 
 
 def _replace_all(files: list[tuple[Path, bytes, bytes]]) -> None:
@@ -258,6 +354,8 @@ def _replace_all(files: list[tuple[Path, bytes, bytes]]) -> None:
     before the first rename. If a rename fails (EROFS, EACCES, EPERM on an
     immutable file), the files already replaced get their ``current`` bytes
     back, so a run leaves either every file new or every file as it was.
+    UsageError either way; if even putting a file back fails, it says so
+    (that file then holds the new bytes, and its record stays).
     """
     temps: list[tuple[Path, Path]] = []
     done: list[tuple[Path, bytes]] = []
@@ -274,9 +372,13 @@ def _replace_all(files: list[tuple[Path, bytes, bytes]]) -> None:
             try:
                 atomic.commit(tmp, file)
             except OSError as exc:
+                why = f"{file}: cannot write ({exc.strerror})"
                 for undo, old in reversed(done):
-                    atomic.write_atomic(undo, old)
-                raise UsageError(f"{file}: cannot write ({exc.strerror})") from exc
+                    try:
+                        atomic.write_atomic(undo, old)
+                    except (OSError, UsageError) as again:
+                        why += f"; {undo} keeps the new bytes (cannot put it back: {again})"
+                raise UsageError(why) from exc
             done.append((file, current))
     finally:
         for tmp, _ in temps:
@@ -285,32 +387,25 @@ def _replace_all(files: list[tuple[Path, bytes, bytes]]) -> None:
 
 def _write(
     root: Path,
-    staged: list[tuple[Path, str, bytes, bytes]],
+    staged: list[Staged],
     strategy: str,
     upstream: str,
     out: Outcome,
+    within: str | None = None,
 ) -> None:
     for file, _, _, _ in staged:
         atomic.check_writable(file)
     with atomic.tree_lock(root):
-        records = Records(root)
-        for _, rel, original, _ in staged:
-            # The file was replaced since we patched it (a reinstall, an
-            # upgrade, a checkout): its bytes now are the original to keep,
-            # or revert would put another version's file back.
-            rec = records.entries.get(rel)
-            if rec is not None and sha256(original) != rec.patched_sha256:
-                records.drop(rel)
-        before = dict(records.entries)
+        records = Records(root, within)
         # The records go first: a process killed between the renames below
-        # leaves each file whole (old or new) and revert able to undo it.
+        # leaves each file whole (old or new) and revert able to undo it. A
+        # record is keyed by the bytes we write, so earlier records (another
+        # branch's patched file, a file since replaced by a reinstall) stay.
+        added: list[tuple[Record, Record | None]] = []
         try:
             for _, rel, original, new in staged:
-                records.add(
-                    rel,
-                    original,
-                    Record(sha256(original), sha256(new), strategy, upstream, __version__),
-                )
+                rec = Record(rel, sha256(original), sha256(new), strategy, upstream, __version__)
+                added.append((rec, records.add(rec, original)))
             records.save()
         except OSError as exc:
             why = f"cannot keep the originals ({exc.strerror})"
@@ -318,61 +413,118 @@ def _write(
         try:
             _replace_all([(file, original, new) for file, _, original, new in staged])
         except UsageError:
-            # Nothing was written: forget this run's records again.
-            for _, rel, _, _ in staged:
-                if rel not in before:
-                    records.drop(rel)
-            records.entries = before
-            records.save()
+            _forget(records, added, staged)
             raise
+        records.collect()
         out.written.extend(relative(file, root) for file, _, _, _ in staged)
-    out.message = f"patched {len(out.written)} file(s); undo with `gdn-backport revert`"
+    undo = shlex.join(["gdn-backport", "revert", str(root)])
+    out.message = f"patched {len(out.written)} file(s); undo with `{undo}`"
 
 
-def revert_tree(path: Path, mode: Mode = Mode.WRITE, *, root: Path | None = None) -> Outcome:
+def _forget(
+    records: Records, added: list[tuple[Record, Record | None]], staged: list[Staged]
+) -> None:
+    """After a failed write: drop this run's record of each file that holds
+    its original bytes again (a file left with the new bytes keeps its
+    record, whatever else fails), put back what a record replaced."""
+    for (rec, replaced), (file, _, original, _) in zip(added, staged, strict=True):
+        try:
+            back = file.read_bytes() == original
+        except OSError:
+            back = False
+        if back:
+            records.remove(rec)
+            if replaced is not None:
+                records.put_back(replaced)
+    with contextlib.suppress(OSError, UsageError):
+        records.save()
+
+
+def revert_tree(
+    path: Path, mode: Mode = Mode.WRITE, *, root: Path | None = None, within: str | None = None
+) -> Outcome:
+    """Restore every recorded file that holds the bytes a record says we
+    wrote; a file that holds its original keeps its record (another
+    checkout may have it patched). ``within``: see :class:`Records`."""
     root = root or tree_root(path)
+    if mode is not Mode.WRITE or not (root / atomic.STATE_DIR).exists():
+        # No records folder, no record: nothing to lock for.
+        return _revert(path, mode, root, within)
+    with atomic.tree_lock(root):
+        return _revert(path, mode, root, within)
+
+
+def _revert(path: Path, mode: Mode, root: Path, within: str | None) -> Outcome:
+    found: list[Path] = []
+    out = _revert_files(path, mode, root, within, found)
+    _leftovers(out, found, mode)
+    return out
+
+
+def _revert_files(
+    path: Path, mode: Mode, root: Path, within: str | None, found: list[Path]
+) -> Outcome:
     out = Outcome(root)
-    records = Records(root)
+    records = Records(root, within)
     only = relative(path, root) if path.is_file() else None
-    wanted = [r for r in sorted(records.entries) if only is None or r == only]
+    wanted = [rel for rel in records.paths() if only is None or rel == only]
+    # What a killed apply or revert left: beside the files it wrote (every
+    # one has a record) and in the records folder.
+    found += locate.state_leftovers(root) + locate.leftovers_beside(root / r for r in wanted)
     if not wanted:
         out.message = "nothing to revert: no gdn-backport record in this tree"
         return out
-    restore: list[tuple[Path, str, bytes, bytes]] = []
+    restore: list[tuple[Path, str, bytes, bytes, Record]] = []
+    kept = 0
     for rel in wanted:
         file = root / rel
-        rec = records.entries[rel]
-        if not file.exists():
-            out.refused.append((rel, "patched file is gone"))
+        try:
+            current = file.read_bytes()
+        except FileNotFoundError:
+            out.refused.append((rel, "patched file is gone; nothing to restore it over"))
             continue
-        current = file.read_bytes()
-        if sha256(current) == rec.original_sha256:
-            continue  # already the original (reverted by other means)
-        if sha256(current) != rec.patched_sha256:
+        except OSError as exc:
+            out.refused.append((rel, f"cannot read ({exc.strerror})"))
+            continue
+        digest = sha256(current)
+        rec = records.matching(rel, digest)
+        if rec is None:
+            if any(r.original_sha256 == digest for r in records.for_path(rel)):
+                kept += 1  # the original is there (reverted, or another checkout)
+                continue
             out.refused.append((rel, "changed since gdn-backport patched it; not restoring"))
             continue
-        original = records.original(rel)
-        out.diff += _diff(rel, current.decode("utf-8"), original.decode("utf-8"))
-        restore.append((file, rel, current, original))
+        original = records.original(rec)
+        out.diff += _diff(rel, _text(file, current), _text(file, original))
+        restore.append((file, rel, current, original, rec))
     if out.refused:
         out.message = "refused: nothing was changed"
         out.diff = ""
         return out
+    if not restore:
+        out.message = (
+            f"nothing to revert: {kept} recorded file(s) hold their original bytes "
+            "(their records are kept for a checkout where they are patched)"
+        )
+        return out
     if mode is not Mode.WRITE:
         out.message = "dry run: nothing was changed"
         return out
-    for file, _, _, _ in restore:
+    for file, _, _, _, _ in restore:
         atomic.check_writable(file)
     with atomic.tree_lock(root):
-        _replace_all([(file, current, original) for file, _, current, original in restore])
-        out.written.extend(rel for _, rel, _, _ in restore)
-        for rel in wanted:
-            records.drop(rel)
+        _replace_all([(file, current, original) for file, _, current, original, _ in restore])
+        out.written.extend(rel for _, rel, _, _, _ in restore)
+        # The files first: killed here, a record whose file holds its
+        # original is harmless.
+        for _, _, _, _, rec in restore:
+            records.remove(rec)
         records.save()
+        records.collect()
     # Report the sites of the restored files as they were and are now (the
     # restore is done: a file that cannot be analysed is just not reported).
     patchset = for_tree(root)
-    for file, _, current, _ in restore:
+    for file, _, current, _, _ in restore:
         try:
             was = {file: locate.decode(file, current)}
             sites_was = sites_of(analyse_tree(file, patchset, was, root=root))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +87,7 @@ def apply_git(
     branch: str | None = None,
     allow_dirty: bool = False,
     patch: Path | None = None,
+    kernels: Sequence[Path] = (),
 ) -> GitResult:
     """Patch ``tree`` and commit the result on a new branch, and/or write the
     patch of that commit to ``patch``. UsageError (nothing changed) on any
@@ -94,7 +95,12 @@ def apply_git(
     if not commit and patch is None:
         raise UsageError("apply: --commit or --format-patch FILE is needed here")
     root = tree_root(tree)
-    with _open(root) as (repo, top):
+    # --commit writes: the whole run (the dirty check, the write, the branch)
+    # holds the tree's lock; --format-patch alone writes nothing in the tree.
+    lock: contextlib.AbstractContextManager[None] = (
+        atomic.tree_lock(root) if commit else contextlib.nullcontext()
+    )
+    with lock, _open(root) as (repo, top):
         result = GitResult(Outcome(root), top)
         branch = branch or default_branch()
         _check_repo(repo, top, branch if commit else None, allow_dirty or not commit)
@@ -112,7 +118,7 @@ def apply_git(
             result.paths = sorted(files)
 
         mode = Mode.WRITE if commit else Mode.DRY_RUN
-        out = apply_tree(tree, strategy, mode, before_write=before_write)
+        out = apply_tree(tree, strategy, mode, before_write=before_write, kernels=kernels)
         result.outcome = out
         if out.refused or "sha" not in prepared:
             if not out.refused:

@@ -34,7 +34,7 @@ from gdn_backport import atomic
 from gdn_backport.engine import Mode, Outcome, apply_tree, revert_tree
 from gdn_backport.errors import UsageError
 from gdn_backport.patchset import for_tree
-from gdn_backport.scan import Site, analyse_tree, relative, sites_of
+from gdn_backport.scan import Site, TreeScan, relative, scan_tree_full
 
 __all__ = [
     "InstalledVllm",
@@ -45,6 +45,7 @@ __all__ = [
     "locate_vllm",
     "revert",
     "scan",
+    "scan_full",
 ]
 
 
@@ -77,8 +78,13 @@ def locate_vllm() -> InstalledVllm:
 
 
 def scan(inst: InstalledVllm, kernels: Sequence[Path] = ()) -> tuple[Path, list[Site]]:
+    result = scan_full(inst, kernels)
+    return result.root, result.sites
+
+
+def scan_full(inst: InstalledVllm, kernels: Sequence[Path] = ()) -> TreeScan:
     patchset = for_tree(inst.package, kernels)
-    return inst.root, sites_of(analyse_tree(inst.package, patchset, root=inst.root))
+    return scan_tree_full(inst.package, patchset, root=inst.root)
 
 
 def apply(
@@ -91,7 +97,13 @@ def apply(
             check_writable(inst.root, [file for file, _ in staged])
 
     out = apply_tree(
-        inst.package, strategy, mode, root=inst.root, before_write=before_write, kernels=kernels
+        inst.package,
+        strategy,
+        mode,
+        root=inst.root,
+        before_write=before_write,
+        within=inst.package.name,
+        kernels=kernels,
     )
     if out.written:
         out.message = (
@@ -101,7 +113,7 @@ def apply(
 
 
 def revert(inst: InstalledVllm, mode: Mode) -> tuple[Outcome, list[tuple[Path, str]]]:
-    out = revert_tree(inst.package, mode, root=inst.root)
+    out = revert_tree(inst.package, mode, root=inst.root, within=inst.package.name)
     return out, _drop_caches(inst.root, out.written)
 
 

@@ -1,28 +1,37 @@
 """Find candidate GDN spec paths in a tree, cheaply, without running its code.
 
 Three sieves, each cheaper than the next: the bytes of every ``*.py`` file
-must mention a spec-token metadata field; ``ast`` (fast) then names the
-functions whose source mentions one; only those functions are parsed with
-libcst and analysed. Nothing of the target is imported or executed.
+must name a spec-token metadata field, index or state slots (read in
+chunks: a huge unrelated file is never parsed); ``ast`` (fast) then names
+the functions whose source mentions one; only those are parsed with libcst
+and walked (:mod:`gdn_backport.sites`). Nothing of the target is imported or executed.
+Symbolic links are followed: a site behind a link is still a site. A file
+is decoded by its PEP 263 declaration, as Python reads it.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
+import io
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+import re
+import stat
+import tokenize
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst as cst
 
+from gdn_backport.atomic import STATE_DIR
 from gdn_backport.dataflow import children_of
 from gdn_backport.errors import UsageError
 from gdn_backport.patchset import Patchset
 
 BOM = b"\xef\xbb\xbf"
-SKIP_DIRS = frozenset({".git", ".gdn-backport", "__pycache__", ".nox", ".venv", "node_modules"})
+SKIP_DIRS = frozenset({".git", STATE_DIR, "__pycache__", ".nox", ".venv", "node_modules"})
 
 
 @dataclass(frozen=True)
@@ -35,46 +44,238 @@ class Candidate:
     col: int
 
 
-def python_files(root: Path) -> Iterator[Path]:
-    """Every ``*.py`` below ``root`` (or ``root`` itself), links not followed.
+# What a killed run of ours can leave: ``atomic.stage``'s temporary beside a
+# module (``.<name>.py.<8 random>.tmp``), and in the records folder the
+# temporaries of the manifest and of the originals, and the writability probe.
+_LEFTOVER = re.compile(r"^\.(?P<name>.+\.py)\.[a-z0-9_]{8}\.tmp$")
+_STATE_LEFTOVER = re.compile(r"^\.(.+\.[a-z0-9_]{8}\.tmp|gdn-backport\.[a-z0-9_]{8}\.probe)$")
+# Bytes read at a time by the sieve of :func:`read_candidate`.
+CHUNK = 1 << 20
+
+
+@dataclass
+class Walk:
+    """Every ``*.py`` below a root, symbolic links followed.
+
+    ``files``: the paths as they appear inside the tree (a linked file or a
+    file in a linked folder keeps the link's path), each real file once;
+    ``links``: for the files reached through a link, the real path;
+    ``leftovers``: temporaries of an interrupted gdn-backport run (never
+    below a link).
+    """
+
+    root: Path
+    files: list[Path] = field(default_factory=list)
+    links: dict[Path, Path] = field(default_factory=dict)
+    leftovers: list[Path] = field(default_factory=list)
+
+
+def walk(root: Path) -> Walk:
+    """Walk ``root`` (or take ``root`` itself, a single file).
 
     Only regular files: reading a FIFO (or a device) named ``*.py`` would
     block forever. Directory entries carry their type, so a tree of 3,000
-    files costs no ``stat`` per file.
+    files costs no ``stat`` per file. Links are followed, after the real
+    folders (so a file reached both ways keeps its real path); a folder is
+    walked once by its resolved path (link loops end there), a dangling or
+    looping link is skipped, and a link to a folder that holds the tree
+    itself is not walked (it would walk the tree's parents).
     """
+    out = Walk(root)
     if root.is_file():
-        yield root
-        return
-    try:
-        entries = sorted(os.scandir(root), key=lambda e: e.name)
-    except OSError:
-        return  # unreadable folders are skipped, as os.walk does
-    folders = []
-    for entry in entries:
-        if entry.is_dir(follow_symlinks=False):
-            if entry.name not in SKIP_DIRS:
-                folders.append(Path(entry.path))
-        elif entry.name.endswith(".py") and entry.is_file(follow_symlinks=False):
-            yield Path(entry.path)
-    for folder in folders:
-        yield from python_files(folder)
+        out.files.append(root)
+        if root.is_symlink():
+            out.links[root] = Path(os.path.realpath(root))
+        return out
+    top = os.path.realpath(root)
+    seen_dirs: set[str] = set()
+    seen_files: set[str] = set()
+    pending: list[tuple[Path, str]] = []  # linked folders (path, real), walked last
+
+    def add(path: Path, real: str, linked: bool) -> None:
+        if real in seen_files:
+            return
+        seen_files.add(real)
+        out.files.append(path)
+        if linked:
+            out.links[path] = Path(real)
+
+    def visit(folder: Path, real_dir: str, linked: bool) -> None:
+        # Real paths are built, not resolved: a real folder's real path is its
+        # parent's plus its name; only a link costs a ``realpath``.
+        if real_dir in seen_dirs:
+            return
+        seen_dirs.add(real_dir)
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            return  # unreadable folders are skipped, as os.walk does
+        folders = []
+        names = {e.name for e in entries}
+        for entry in entries:
+            if entry.is_symlink():
+                try:
+                    st = os.stat(entry.path)
+                except OSError:
+                    continue  # dangling, or a loop of links
+                if stat.S_ISDIR(st.st_mode):
+                    real = os.path.realpath(entry.path)
+                    # A link to a folder holding the tree would walk its parents.
+                    if entry.name not in SKIP_DIRS and not _holds(real, top):
+                        pending.append((Path(entry.path), real))
+                elif stat.S_ISREG(st.st_mode) and entry.name.endswith(".py"):
+                    add(Path(entry.path), os.path.realpath(entry.path), True)
+            elif entry.is_dir(follow_symlinks=False):
+                if entry.name not in SKIP_DIRS:
+                    folders.append(entry)
+                elif entry.name == STATE_DIR and not linked:
+                    out.leftovers.extend(_state_leftovers(Path(entry.path)))
+            elif entry.is_file(follow_symlinks=False):
+                if entry.name.endswith(".py"):
+                    add(Path(entry.path), os.path.join(real_dir, entry.name), linked)
+                elif not linked:
+                    m = _LEFTOVER.match(entry.name)
+                    if m and m["name"] in names:
+                        out.leftovers.append(Path(entry.path))
+        for sub in folders:
+            visit(Path(sub.path), os.path.join(real_dir, sub.name), linked)
+
+    visit(root, top, False)
+    while pending:
+        folder, real = pending.pop(0)
+        visit(folder, real, True)
+    return out
+
+
+def _holds(folder: str, path: str) -> bool:
+    """``folder`` is ``path`` or one of its parents (both resolved)."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _state_leftovers(state: Path) -> list[Path]:
+    """Temporaries in a records folder (and its ``originals/``), links not followed."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(state):
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+        found += [Path(dirpath, f) for f in sorted(filenames) if _STATE_LEFTOVER.match(f)]
+    return found
+
+
+def leftovers_beside(files: Iterable[Path]) -> list[Path]:
+    """Temporaries of an interrupted write beside each of ``files``."""
+    found = []
+    for file in files:
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(file.parent):
+                m = _LEFTOVER.match(entry.name)
+                if m and m["name"] == file.name and entry.is_file(follow_symlinks=False):
+                    found.append(Path(entry.path))
+    return sorted(found)
+
+
+def state_leftovers(root: Path) -> list[Path]:
+    """Temporaries in ``root``'s records folder (none if it is not a real folder)."""
+    state = root / STATE_DIR
+    return [] if state.is_symlink() or not state.is_dir() else _state_leftovers(state)
+
+
+def python_files(root: Path) -> Iterator[Path]:
+    """Every ``*.py`` below ``root`` (or ``root`` itself): :func:`walk`'s files."""
+    yield from walk(root).files
+
+
+def _fields(patchset: Patchset) -> list[str]:
+    return sorted({*patchset.fields.spec_index, *patchset.fields.spec_state})
+
+
+def _may_hold(named: set[str], defines: bool) -> bool:
+    """The one rule of the sieve: the file names a spec-token field (index or
+    state slots) and defines a function (a site is one). A caller that only
+    gathers by the index and a helper in another file that only reads the
+    slots are both looked at, so neither is missed."""
+    return bool(named) and defines
+
+
+def may_hold_site(data: bytes, patchset: Patchset) -> bool:
+    """``data`` may hold a site: a file that fails this cannot."""
+    return _may_hold({f for f in _fields(patchset) if f.encode() in data}, b"def " in data)
 
 
 def mentions_fields(data: bytes, patchset: Patchset) -> bool:
-    """The file names a spec-token field (index or state slots)."""
-    fields = patchset.fields
-    return any(f.encode() in data for f in (*fields.spec_index, *fields.spec_state))
+    """The bytes name a spec-token field, index or state slots (the sieve)."""
+    return may_hold_site(data, patchset)
+
+
+def read_candidate(path: Path, patchset: Patchset) -> bytes | None:
+    """The file's bytes if it may hold a site (:func:`may_hold_site`), else
+    None. Read in chunks (``CHUNK``, overlapping by a field's length): a
+    large file that fails the rule costs one pass, is never kept whole,
+    decoded or parsed; one that passes is read whole, whatever its size."""
+    fields = _fields(patchset)
+    wanted = [(f, f.encode()) for f in fields]
+    overlap = max(len(f) for _, f in wanted) - 1
+    with path.open("rb") as fh:
+        chunk = fh.read(CHUNK)
+        if len(chunk) < CHUNK:  # the common case: the whole file in one read
+            return chunk if may_hold_site(chunk, patchset) else None
+        named: set[str] = set()
+        defines = False
+        tail = b""
+        while chunk:
+            window = tail + chunk
+            named.update(name for name, f in wanted if name not in named and f in window)
+            defines = defines or b"def " in window
+            if _may_hold(named, defines):
+                fh.seek(0)
+                return fh.read()
+            tail = window[-overlap:]
+            chunk = fh.read(CHUNK)
+    return None
+
+
+def source_encoding(path: Path, data: bytes) -> str:
+    """The encoding Python reads ``data`` with (PEP 263, as ``tokenize.open``):
+    ``utf-8-sig`` with a byte-order mark, the coding declaration of the first
+    two lines, else UTF-8. UsageError for a declaration Python rejects."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as exc:
+        if "unknown encoding" in str(exc) or "encoding problem" in str(exc):
+            raise UsageError(f"{path}: bad coding declaration ({exc.msg})") from exc
+        return "utf-8"  # undecodable first lines: reported by decode()
+    if encoding != "utf-8-sig" and "# x".encode(encoding, "replace") != b"# x":
+        # Python reads the declaration in ASCII bytes: the codec must agree.
+        raise UsageError(f"{path}: bad coding declaration ({encoding} is not ASCII-compatible)")
+    return encoding
 
 
 def decode(path: Path, data: bytes) -> str:
+    """The source text, decoded as Python would (:func:`source_encoding`);
+    a UTF-8 byte-order mark is dropped (ast and libcst refuse it) and put
+    back by :func:`encode`."""
     if b"\0" in data:
         raise UsageError(f"{path}: binary data (NUL bytes), not Python source")
+    encoding = source_encoding(path, data)
     try:
-        # Python accepts a UTF-8 byte-order mark; ast and libcst do not. The
-        # engine puts it back on the bytes it writes.
-        return data.removeprefix(BOM).decode("utf-8")
+        return data.decode(encoding)
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{path}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
+        what = "UTF-8" if encoding.startswith("utf-8") else f"{encoding} (its coding declaration)"
+        raise UsageError(f"{path}: not valid {what} ({exc.reason} at byte {exc.start})") from exc
+
+
+def encode(path: Path, text: str, like: bytes) -> bytes:
+    """``text`` in the encoding of the file whose bytes are ``like`` (its
+    declaration, its byte-order mark); UsageError if a character of ``text``
+    does not exist in that encoding."""
+    encoding = source_encoding(path, like)
+    try:
+        return text.encode(encoding)
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start : exc.end]
+        raise UsageError(
+            f"{path}: the rewrite holds {bad!r}, which the file's encoding "
+            f"{encoding} cannot hold; nothing was written"
+        ) from exc
 
 
 @functools.lru_cache(maxsize=64)
@@ -119,132 +320,6 @@ def module_imports(tree: ast.Module) -> dict[str, str]:
 
     walk(tree.body)
     return out
-
-
-def candidates(tree: ast.Module, lines: list[str], patchset: Patchset) -> list[Candidate]:
-    fields = patchset.fields.spec_index
-    # A spec path hands the spec requests' state slots to its kernel.
-    states = patchset.fields.spec_state
-    # Names of the known kernels here, import aliases included: a function
-    # that hands one the spec state slots is a spec path even when its gather
-    # cannot be traced (the analysis then says ``unknown``, never nothing).
-    kernels = frozenset(patchset.kernels)
-    kernel_names = kernels | {
-        local
-        for local, target in module_imports(tree).items()
-        if target.rsplit(".", 1)[-1] in kernels
-    }
-    found: list[Candidate] = []
-    seen: dict[str, int] = {}
-
-    def visit(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.ClassDef):
-                visit(child, f"{prefix}{child.name}.")
-            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                qual = f"{prefix}{child.name}"
-                occurrence = seen.get(qual, 0)
-                seen[qual] = occurrence + 1
-                start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
-                end = child.end_lineno or child.lineno
-                text = "".join(lines[start - 1 : end])
-                if (
-                    any(f in text for f in fields)
-                    and any(f in text for f in states)
-                    and (
-                        gathers_by_spec_index(child, fields)
-                        or names_kernel(child, kernel_names, kernels)
-                    )
-                ):
-                    found.append(
-                        Candidate(qual, occurrence, child.lineno, start, end, child.col_offset)
-                    )
-                visit(child, f"{qual}.")
-            elif isinstance(child, (ast.stmt, ast.ExceptHandler, ast.match_case)):
-                # Functions only hide in statements: skipping expressions
-                # keeps this walk a fraction of a full ast.walk.
-                visit(child, prefix)
-
-    visit(tree, "")
-    return found
-
-
-def names_kernel(
-    func: ast.FunctionDef | ast.AsyncFunctionDef, names: frozenset[str], attrs: frozenset[str]
-) -> bool:
-    """The function mentions a known kernel (``k(...)``, ``ops.k``, ``alias``)."""
-    return any(
-        (isinstance(n, ast.Name) and n.id in names)
-        or (isinstance(n, ast.Attribute) and n.attr in attrs)
-        for n in ast.walk(func)
-    )
-
-
-def gathers_by_spec_index(
-    func: ast.FunctionDef | ast.AsyncFunctionDef, fields: frozenset[str]
-) -> bool:
-    """Cheap necessary condition for a site, on ``ast``: some ``index_select``
-    or subscript selects rows with an index computed from a spec-token field.
-
-    Locals are followed through assignments (``i = md.spec_token_indx``,
-    ``j = i.to(dev)``); a parameter named like the field counts as one. A
-    subscript *of* the field itself (a metadata builder filling its buffers)
-    is no row gather. Over-approximate on purpose: libcst does the real work.
-    """
-    args = func.args
-    tainted = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs] if a.arg in fields}
-
-    # What each expression reads, collected once: the fixpoint below asks
-    # again after every new tainted name, and large methods have hundreds of
-    # assignments.
-    reads: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
-
-    def mentions(node: ast.AST) -> bool:
-        key = id(node)
-        if key not in reads:
-            walked = list(ast.walk(node))
-            reads[key] = (
-                frozenset(n.attr for n in walked if isinstance(n, ast.Attribute)),
-                frozenset(n.id for n in walked if isinstance(n, ast.Name)),
-            )
-        attrs, names = reads[key]
-        return not attrs.isdisjoint(fields) or not names.isdisjoint(tainted)
-
-    def bound(target: ast.expr) -> Iterator[str]:
-        # Only the names an assignment binds: in ``out[:n] = x`` or
-        # ``self.y = x`` the names are read, not bound (tainting them made
-        # ``mixed_qkv = mixed_qkv[:n]`` hide a later ``mixed_qkv[spec_idx]``).
-        if isinstance(target, ast.Name):
-            yield target.id
-        elif isinstance(target, (ast.Tuple, ast.List)):
-            for element in target.elts:
-                yield from bound(element)
-        elif isinstance(target, ast.Starred):
-            yield from bound(target.value)
-
-    nodes = list(ast.walk(func))
-    assigns = [n for n in nodes if isinstance(n, (ast.Assign, ast.AnnAssign, ast.NamedExpr))]
-    grew = True
-    while grew:
-        grew = False
-        for a in assigns:
-            if a.value is None or not mentions(a.value):
-                continue
-            targets = a.targets if isinstance(a, ast.Assign) else [a.target]
-            for t in targets:
-                for name in bound(t):
-                    if name not in tainted:
-                        tainted.add(name)
-                        grew = True
-    for n in nodes:
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
-            if n.func.attr == "index_select" and any(
-                mentions(a) for a in [*n.args, *(k.value for k in n.keywords)]
-            ):
-                return True
-        elif isinstance(n, ast.Subscript) and mentions(n.slice) and not mentions(n.value):
-            return True
-    return False
 
 
 def function_node(lines: list[str], cand: Candidate) -> cst.FunctionDef:

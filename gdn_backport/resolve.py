@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -283,7 +284,6 @@ class TreeIndex:
         (the live objects of a running process, for the runtime plugin)."""
         self.root = root
         self.fallback = fallback
-        self._real_root = root.resolve() if root is not None else None
         self.patchset = patchset
         self.overrides = {p.resolve(): t for p, t in (overrides or {}).items()}
         self.modules: dict[str, ModuleInfo] = {}
@@ -329,7 +329,11 @@ class TreeIndex:
         if real in self._by_path:
             return self._by_path[real]
         module: ModuleInfo | None = None
-        inside = self._real_root is not None and real.is_relative_to(self._real_root)
+        # Inside the tree as written (a module in a linked folder is one of
+        # the tree's, as scan walks it), never above it.
+        inside = self.root is not None and Path(os.path.abspath(path)).is_relative_to(
+            Path(os.path.abspath(self.root))
+        )
         if inside and (real in self.overrides or path.is_file()):
             try:
                 text = self.overrides.get(real)

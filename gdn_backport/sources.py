@@ -230,6 +230,106 @@ def release_tree(version: str) -> Path:
     return root
 
 
+# A copy of a release made for ``apply/revert --release`` carries this marker
+# (in its records folder): the release and the sha256 of the archive it was
+# extracted from, as the cache's completion marker says.
+WORKDIR_MARKER = "workdir.json"
+_STATE = ".gdn-backport"
+
+
+def _stamp(tree: Path) -> dict[str, str]:
+    archive, digest = [*(tree / _DONE).read_text().split(), "", ""][:2]
+    return {"release": tree.name, "archive": archive, "sha256": digest}
+
+
+def check_outside_cache(path: Path, what: str = "") -> None:
+    """UsageError if ``path`` is the release cache, lies inside it, or
+    holds it: gdn-backport never writes there (resolved paths compared)."""
+    cache = cache_dir().resolve()
+    where = path.resolve()
+    if where == cache or cache in where.parents:
+        raise UsageError(
+            f"{path}: inside gdn-backport's release cache ({cache}), which is never "
+            f"patched; {what or 'patch a copy: apply --release X.Y.Z --workdir DIR'}"
+        )
+    if where in cache.parents:
+        raise UsageError(
+            f"{path}: holds gdn-backport's release cache ({cache}); "
+            f"{what or 'pass a folder that does not'}"
+        )
+
+
+def workdir(version: str, work: Path, *, create: bool = True) -> Path | None:
+    """The private copy of a release that ``apply/revert --release`` patch.
+
+    ``work`` is made (a copy of the cached tree and the marker) if it does
+    not exist or is an empty folder; an existing one is used only if its
+    marker says it is a copy of this release from the same archive. It is
+    never the cache, inside it, or around it. With ``create`` False nothing
+    is copied: None if there is no copy yet (``revert``: nothing to revert).
+    """
+    tree = release_tree(version)
+    stamp = _stamp(tree)
+    other = "pass another --workdir, or remove this one"
+    check_outside_cache(work, "pass a --workdir outside it")
+    if os.path.lexists(work):
+        if not work.is_dir():
+            raise UsageError(f"{work}: not a folder; --workdir takes a new or an empty folder")
+        marker = work / _STATE / WORKDIR_MARKER
+        if marker.is_file() and not marker.is_symlink():
+            try:
+                found = json.loads(marker.read_text())
+            except (OSError, ValueError):
+                found = None
+            if not isinstance(found, dict) or not isinstance(found.get("release"), str):
+                raise UsageError(f"{marker}: unreadable; {other}")
+            if not _same(found["release"], Version(stamp["release"])):
+                raise UsageError(
+                    f"{work}: a copy of vllm {found['release']} made by gdn-backport, "
+                    f"not of {stamp['release']}; {other}"
+                )
+            if found.get("sha256") != stamp["sha256"]:
+                raise UsageError(
+                    f"{work}: a copy of vllm {stamp['release']} from another archive "
+                    f"(sha256 {found.get('sha256')}, the cache has {stamp['sha256']}); {other}"
+                )
+            return work
+        if any(work.iterdir()):
+            raise UsageError(
+                f"{work}: not empty and not a copy of vllm {stamp['release']} made by "
+                f"gdn-backport (no {_STATE}/{WORKDIR_MARKER}); pass a new or an empty "
+                "--workdir"
+            )
+        if not create:
+            return None
+        _fill(tree, work, stamp)
+        return work
+    if not create:
+        return None
+    if not work.parent.is_dir():
+        raise UsageError(f"{work}: no folder {work.parent} to make it in")
+    # Copied beside it, then renamed: a killed copy never looks like a workdir.
+    partial = Path(tempfile.mkdtemp(dir=work.parent, prefix=f".{work.name}.partial-"))
+    try:
+        _fill(tree, partial, stamp)
+        os.rename(partial, work)
+    except OSError as exc:
+        raise UsageError(f"{work}: cannot make the copy ({exc.strerror})") from exc
+    finally:
+        if partial.exists():
+            shutil.rmtree(partial)
+    return work
+
+
+def _fill(tree: Path, dest: Path, stamp: dict[str, str]) -> None:
+    shutil.copytree(tree, dest, ignore=shutil.ignore_patterns(_DONE), dirs_exist_ok=True)
+    state = dest / _STATE
+    state.mkdir(exist_ok=True)
+    (state / ".gitignore").write_text("*\n")
+    marker = {"format": 1, "made_by": "gdn-backport", **stamp}
+    (state / WORKDIR_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+
+
 def copy_release(version: str, dest: Path) -> Path:
     """A private, writable copy of a release tree at ``dest``."""
     shutil.copytree(release_tree(version), dest, ignore=shutil.ignore_patterns(_DONE))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -23,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,23 +90,93 @@ def test_path_is_a_link_loop(capsys: pytest.CaptureFixture[str], tmp_path: Path)
         refused(err, str(loop), "symbolic link to nothing")
 
 
-def test_link_loops_inside_the_tree_are_not_followed(
-    capsys: pytest.CaptureFixture[str], affected_tree: Path, tmp_path: Path
+def test_link_loops_inside_the_tree_end_the_walk(
+    capsys: pytest.CaptureFixture[str], affected_tree: Path
 ) -> None:
     vllm = affected_tree / "vllm"
     (vllm / "a.py").symlink_to(vllm / "b.py")
     (vllm / "b.py").symlink_to(vllm / "a.py")
     (vllm / "loop").symlink_to(vllm, target_is_directory=True)
-    # A link to an affected file outside the tree: never written through.
-    outside = tmp_path / "outside.py"
-    outside.write_text(AFFECTED)
-    (vllm / "linked.py").symlink_to(outside)
+    (vllm / "up").symlink_to(affected_tree.parent, target_is_directory=True)
+    (vllm / "dangling.py").symlink_to(vllm / "nowhere.py")
     before = snapshot(affected_tree)
+    code, out, _ = run(capsys, "scan", str(affected_tree), "--json")
+    assert code == 1 and out.count('"path"') == 1  # the one site, once
     code, out, _ = run(capsys, "apply", str(affected_tree), "--json")
     assert code == 0 and '"changed": true' in out
-    assert outside.read_text() == AFFECTED
     assert (affected_tree / SITE).read_text() == FIXED
     assert run(capsys, "revert", str(affected_tree))[0] == 0
+    assert snapshot(affected_tree) == before
+
+
+@pytest.mark.parametrize("how", ["file", "folder"])
+def test_a_linked_module_outside_the_tree_is_a_site_never_written(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, how: str
+) -> None:
+    """The GDN module is a symbolic link (or sits in a linked folder) to a
+    file outside the tree: scan reports it where it points, --check fails,
+    apply refuses with the reason and changes nothing."""
+    outside = tmp_path / "elsewhere" / "layers"
+    outside.mkdir(parents=True)
+    (outside / "gdn_linear_attn.py").write_text(AFFECTED)
+    tree = tmp_path / "tree"
+    (tree / "vllm" / "model_executor").mkdir(parents=True)
+    (tree / "vllm" / "__init__.py").write_text("")
+    if how == "file":
+        (tree / "vllm" / "model_executor" / "layers").mkdir()
+        link = tree / "vllm" / "model_executor" / "layers" / "gdn_linear_attn.py"
+        link.symlink_to(outside / "gdn_linear_attn.py")
+    else:
+        (tree / "vllm" / "model_executor" / "layers").symlink_to(outside, True)
+    rel = "vllm/model_executor/layers/gdn_linear_attn.py"
+    real = str(outside / "gdn_linear_attn.py")
+    code, out, _ = run(capsys, "scan", str(tree), "--json")
+    assert code == 1
+    [site] = json.loads(out)["sites"]
+    assert (site["path"], site["status"], site["target"]) == (rel, "affected", real)
+    code, out, _ = run(capsys, "scan", str(tree))
+    assert f"{rel}:2 -> {real}" in out
+    code, out, _ = run(capsys, "apply", "--check", str(tree))
+    assert code == 1 and "no GDN spec path" not in out
+    for argv in (["apply"], ["apply", "--dry-run"], ["apply", "--strategy", "kernel"]):
+        code, _, err = run(capsys, *argv, str(tree))
+        assert code == 2, argv
+        refused(err, str(tree / rel), f"is a symbolic link to {real} outside the tree")
+        assert (outside / "gdn_linear_attn.py").read_text() == AFFECTED
+    assert not (tree / atomic.STATE_DIR).exists()
+
+
+@pytest.mark.parametrize("how", ["file", "folder", "hidden"])
+def test_a_link_to_a_file_inside_the_tree_writes_the_target_once(
+    capsys: pytest.CaptureFixture[str], affected_tree: Path, how: str
+) -> None:
+    """A link whose target is inside the tree: one site, the target written
+    once (through whichever path), the record at the real path, revert back."""
+    target = affected_tree / SITE
+    vllm = affected_tree / "vllm"
+    if how == "file":
+        (vllm / "alias.py").symlink_to(target)
+    elif how == "folder":
+        (vllm / "layers_alias").symlink_to(target.parent, target_is_directory=True)
+    else:
+        # The real file sits where the walk does not go (.venv), reached only by the link.
+        hidden = affected_tree / ".venv" / "gdn.py"
+        hidden.parent.mkdir()
+        target.rename(hidden)
+        target.symlink_to(hidden)
+        target = hidden
+    before = snapshot(affected_tree)
+    code, out, _ = run(capsys, "scan", str(affected_tree), "--json")
+    assert code == 1 and len(json.loads(out)["sites"]) == 1
+    code, out, err = run(capsys, "apply", str(affected_tree), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [s["changed"] for s in doc["sites"]] == [True]
+    assert doc["written"] == [target.relative_to(affected_tree).as_posix()]
+    assert target.read_text() == FIXED
+    assert run(capsys, "apply", "--check", str(affected_tree))[0] == 0
+    assert run(capsys, "revert", str(affected_tree))[0] == 0
+    assert target.read_text() == AFFECTED
     assert snapshot(affected_tree) == before
 
 
@@ -131,16 +203,20 @@ def test_fifo_named_py_does_not_hang(tmp_path: Path, affected_tree: Path) -> Non
 
 # -- contents that are not plain UTF-8 Python -------------------------------------
 
+# Each names a spec field and defines a function: it may hold a site, so
+# it is read, and its defect stops the run.
 BAD_CONTENT = [
     (b"def f(:\n    spec_token_indx\n", "syntax error"),
-    (b"x = 'spec_token_indx'\n\xff\xfe\n", "not valid UTF-8"),
-    (b"\x00\x01spec_token_indx\x00", "binary data"),
-    # Valid Python (the cookie says latin-1), refused: the tool reads UTF-8.
-    (b"# -*- coding: latin-1 -*-\nx = 'spec_token_indx \xe9'\n", "not valid UTF-8"),
+    (b"def f(md):\n    return md.spec_token_indx\n\xff\xfe\n", "not valid UTF-8"),
+    (b"\x00\x01def spec_token_indx\x00", "binary data"),
+    # Declarations Python rejects (a latin-1 one is read: see below).
+    (b"# coding: klingon\ndef f(md):\n    return md.spec_token_indx\n", "bad coding"),
+    (b"# coding: utf-16\ndef f(md):\n    return md.spec_token_indx\n", "bad coding"),
+    (b"# coding: ascii\ndef f(md):\n    return md.spec_token_indx  # \xe9\n", "not valid ascii"),
 ]
 
 
-@pytest.mark.parametrize(("content", "reason"), BAD_CONTENT, ids=lambda x: str(x)[:12])
+@pytest.mark.parametrize(("content", "reason"), BAD_CONTENT, ids=lambda x: str(x)[:18])
 @pytest.mark.parametrize(
     "argv",
     [["apply", "--check"], ["apply", "--dry-run"], ["apply", "--strategy", "kernel"], ["revert"]],
@@ -177,6 +253,49 @@ def test_binary_junk_without_gdn_fields_is_skipped(
     assert (affected_tree / SITE).read_text() == FIXED
 
 
+@pytest.mark.parametrize("cookie", ["latin-1", "iso-8859-15", "cp1252"])
+def test_a_declared_encoding_is_read_and_written_back(
+    capsys: pytest.CaptureFixture[str], affected_tree: Path, cookie: str
+) -> None:
+    """PEP 263: a module declaring latin-1 (valid Python; issue 13 found it
+    refused as "not valid UTF-8", and blocking the scan of the whole tree)
+    is decoded by its declaration, patched, and written back in it."""
+    target = affected_tree / SITE
+    header = f"# -*- coding: {cookie} -*-\n# Auteur : Andr\u00e9\n"
+    target.write_bytes((header + AFFECTED).encode(cookie))
+    # Another file in the tree naming both fields, in the same encoding.
+    other = affected_tree / "vllm" / "legacy.py"
+    note = "NOTE = 'spec_token_indx spec_state_indices_tensor \u00e9'\n"
+    other.write_bytes(f"# -*- coding: {cookie} -*-\n{note}".encode(cookie))
+    before = snapshot(affected_tree)
+    assert run(capsys, "scan", str(affected_tree))[0] == 1
+    code, _, err = run(capsys, "apply", str(affected_tree))
+    assert code == 0, err
+    assert target.read_bytes() == (header + FIXED).encode(cookie)
+    assert run(capsys, "apply", "--check", str(affected_tree))[0] == 0
+    assert run(capsys, "revert", str(affected_tree))[0] == 0
+    assert snapshot(affected_tree) == before
+
+
+def test_a_rewrite_the_declared_encoding_cannot_hold_is_refused(
+    capsys: pytest.CaptureFixture[str], affected_tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = affected_tree / SITE
+    target.write_bytes(("# -*- coding: ascii -*-\n" + AFFECTED).encode())
+    real = engine._rewrite
+
+    def rewrite(strategy: str, path: Path, text: str, *args: Any) -> str | None:
+        new = real(strategy, path, text, *args)
+        return None if new is None else new.replace("# the gate rows", "# the gate rows \u2192")
+
+    monkeypatch.setattr(engine, "_rewrite", rewrite)
+    before = snapshot(affected_tree)
+    code, _, err = run(capsys, "apply", str(affected_tree))
+    assert code == 2
+    refused(err, str(target), "which the file's encoding ascii cannot hold")
+    assert snapshot(affected_tree) == before
+
+
 @pytest.mark.parametrize("encoding", ["bom", "crlf", "bom+crlf"])
 def test_byte_order_mark_and_crlf_survive(
     capsys: pytest.CaptureFixture[str], affected_tree: Path, encoding: str
@@ -205,21 +324,56 @@ def test_byte_order_mark_and_crlf_survive(
 # -- empty input -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv", [["scan"], ["apply"], ["apply", "--check"], ["revert"]])
-def test_empty_tree_and_empty_files(
+ALL_COMMANDS = [["scan"], ["apply"], ["apply", "--check"], ["apply", "--dry-run"], ["revert"],
+                ["verify"], ["apply", "--commit"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", ALL_COMMANDS, ids=" ".join)
+def test_a_path_without_vllm_is_a_usage_error(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]
 ) -> None:
-    """Nothing to do is exit 0, not an error; an empty file is no site."""
+    """An empty folder, or one holding Python but no vllm package (issue 13:
+    `apply --check` passed on both): exit 2, one line, nothing created."""
     for tree in (tmp_path / "empty", tmp_path / "blank"):
         tree.mkdir()
     (tmp_path / "blank" / "__init__.py").write_bytes(b"")
-    (tmp_path / "blank" / "spec_token_indx.py").write_bytes(b"\n")
+    (tmp_path / "blank" / "spec_token_indx.py").write_bytes(b"import os\n")
+    (tmp_path / "blank" / "vllm").mkdir()  # no __init__.py: not the package
     for tree in (tmp_path / "empty", tmp_path / "blank"):
         before = snapshot(tree)
         code, out, err = run(capsys, *argv, str(tree))
-        assert (code, err) == (0, ""), err
-        assert "nothing" in out or "no GDN spec path" in out
+        assert (code, out) == (2, "")
+        refused(err, f"{tree}: no vllm package under this path", "vllm/__init__.py")
         assert snapshot(tree) == before and not (tree / atomic.STATE_DIR).exists()
+
+
+@pytest.mark.parametrize(
+    "layout", ["root", "sdist-one-level-down", "the-package-itself", "plugin", "one-file"]
+)
+def test_what_counts_as_a_vllm_tree(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, layout: str
+) -> None:
+    """Nothing to do is exit 0, not an error, on every shape of vLLM tree."""
+    if layout == "plugin":
+        pkg = tmp_path / "vllm_ascend"
+        pkg.mkdir()
+        (pkg / "__init__.py").write_text("")
+        (pkg / "models.py").write_text("from vllm.config import VllmConfig\n")
+        path = tmp_path
+    else:
+        top = tmp_path / "vllm-0.25.1" if layout == "sdist-one-level-down" else tmp_path
+        (top / "vllm").mkdir(parents=True)
+        (top / "vllm" / "__init__.py").write_text("")
+        (top / "vllm" / "spec_token_indx.py").write_bytes(b"\n")
+        path = {"the-package-itself": top / "vllm", "one-file": top / "vllm" / "__init__.py"}.get(
+            layout, tmp_path
+        )
+    before = snapshot(tmp_path)
+    for argv in (["scan"], ["apply"], ["apply", "--check"], ["revert"]):
+        code, out, err = run(capsys, *argv, str(path))
+        assert (code, err) == (0, ""), (argv, err)
+        assert "nothing" in out or "no GDN spec path" in out
+    assert snapshot(tmp_path) == before and not list(tmp_path.rglob(atomic.STATE_DIR))
 
 
 # -- files and folders that cannot be written --------------------------------------
@@ -313,6 +467,7 @@ def _two_affected(root: Path) -> tuple[Path, Path]:
     first.parent.mkdir(parents=True, exist_ok=True)
     first.write_text(AFFECTED)
     second.write_text(AFFECTED)
+    (root / "vllm" / "__init__.py").write_text("")
     return first, second
 
 
@@ -389,6 +544,57 @@ def test_a_file_with_an_affected_and_an_unknown_site_is_refused_whole(
     assert code == 2
     refused(err, str(target), "spec_step", "not a known kernel")
     assert snapshot(affected_tree) == before
+
+
+def test_a_broken_file_naming_a_field_is_refused_not_skipped(
+    capsys: pytest.CaptureFixture[str], affected_tree: Path
+) -> None:
+    """A file that names a spec-token field and defines a function may hold a
+    site: one that cannot be parsed stops the scan with its reason (it is
+    never silently skipped); one with no function at all is not read."""
+    notes = affected_tree / "vllm" / "notes.py"
+    notes.write_bytes(b"def f(:\n    spec_token_indx\n\xff\n")
+    code, out, err = run(capsys, "scan", str(affected_tree), "--json")
+    assert code == 2
+    refused(err, str(notes), "not valid UTF-8")
+    notes.write_bytes(b"# spec_token_indx rows\nX = (:\n")
+    code, out, err = run(capsys, "scan", str(affected_tree), "--json")
+    assert (code, err) == (1, "")
+    assert [s["path"] for s in json.loads(out)["sites"]] == [SITE.as_posix()]
+
+
+def test_a_large_file_is_parsed_only_if_it_may_hold_a_site(
+    capsys: pytest.CaptureFixture[str], affected_tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2.5 MiB of generated data naming a field but defining no function
+    (issue 13: a 43 MB file took scan 12.8 s): never decoded or parsed. With
+    a function (its ``def`` across a 1 MiB read boundary), it is read whole
+    and scanned."""
+    from gdn_backport import locate
+
+    decoded: list[Path] = []
+    real_decode = locate.decode
+
+    def decode(path: Path, data: bytes) -> str:
+        decoded.append(path)
+        return real_decode(path, data)
+
+    monkeypatch.setattr(locate, "decode", decode)
+    big = affected_tree / "vllm" / "table.py"
+    row = b"ROW = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20)\n"
+    body = row * (5 * 2**19 // len(row))
+    big.write_bytes(b"# rows indexed by spec_token_indx\n" + body)
+    assert run(capsys, "scan", str(affected_tree))[0] == 1
+    assert big not in decoded
+    # A comment pads to the 1 MiB read boundary: ``def `` straddles it.
+    data = big.read_bytes()
+    line = data.rindex(b"\n", 0, locate.CHUNK - 2) + 1
+    pad = b"#" * (locate.CHUNK - 2 - line) + b"\n"
+    func = b"def rows(md):\n    return md.spec_state_indices_tensor\n"
+    big.write_bytes(data[:line] + pad + func + data[line:])
+    assert big.read_bytes().index(b"def rows") == locate.CHUNK - 1
+    assert run(capsys, "scan", str(affected_tree))[0] == 1
+    assert big in decoded
 
 
 @pytest.mark.network
@@ -472,9 +678,16 @@ def _child(point: str, target: Path, tree: Path, ready: Path) -> subprocess.Pope
     return proc
 
 
-def test_a_second_process_is_refused_while_one_writes(
-    capsys: pytest.CaptureFixture[str], affected_tree: Path, tmp_path: Path
+def test_a_second_process_waits_for_the_lock_then_gives_up(
+    capsys: pytest.CaptureFixture[str],
+    affected_tree: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """While one run holds the lock (here stopped just before its rename), a
+    second apply or revert waits; after GDN_BACKPORT_LOCK_TIMEOUT it gives
+    up with one line naming the lock and the holder's pid."""
+    monkeypatch.setenv("GDN_BACKPORT_LOCK_TIMEOUT", "0.5")
     target = affected_tree / SITE
     proc = _child("rename", target, affected_tree, tmp_path / "ready")
     before = snapshot(affected_tree)  # the child's staged temporary included
@@ -483,7 +696,7 @@ def test_a_second_process_is_refused_while_one_writes(
             code, _, err = run(capsys, *argv, str(affected_tree))
             assert code == 2
             lock = affected_tree / atomic.STATE_DIR / "lock"
-            refused(err, str(lock), "another gdn-backport run is writing this tree")
+            refused(err, str(lock), f"another gdn-backport run (pid {proc.pid}) holds", "0.5 s")
             assert snapshot(affected_tree) == before
     finally:
         proc.kill()
@@ -520,9 +733,40 @@ def test_killed_mid_write_leaves_whole_files(
     assert snapshot(tree) == before
 
 
-def test_a_lock_held_by_a_plain_flock(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+@pytest.mark.parametrize("then", ["revert", "apply"])
+def test_leftovers_of_a_killed_run_are_reported_then_removed(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, then: str
+) -> None:
+    """kill -9 half-way through staging leaves ``.<name>.<random>.tmp`` beside
+    the module: scan (and --check) report it, with a warning; revert or apply
+    removes it under the lock."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    first, _ = _two_affected(tree)
+    proc = _child("stage", first, tree, tmp_path / "ready")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    [temp] = list(first.parent.glob(f".{first.name}.*.tmp"))
+    rel = temp.relative_to(tree).as_posix()
+    code, out, err = run(capsys, "scan", str(tree), "--json")
+    assert code == 1 and json.loads(out)["leftovers"] == [rel]
+    assert err.count("\n") == 1 and "warning: 1 leftover temporary file(s)" in err and rel in err
+    code, out, err = run(capsys, "apply", "--check", str(tree))
+    assert code == 1 and rel in err and temp.exists()
+    code, out, err = run(capsys, then, str(tree), "--json")
+    assert code == 0 and err == "", err
+    doc = json.loads(out)
+    assert (doc["leftovers"], doc["leftovers_removed"]) == ([rel], True)
+    assert not temp.exists() and not list(tree.rglob("*.tmp"))
+    assert json.loads(run(capsys, "scan", str(tree), "--json")[1])["leftovers"] == []
+
+
+def test_a_lock_held_by_a_plain_flock(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Any holder of the lock (e.g. a wrapper script serialising its own
-    runs) stops a writer; readers (scan, --check) are not blocked."""
+    runs) makes a writer wait; readers (scan, --check) are not blocked."""
+    monkeypatch.setenv("GDN_BACKPORT_LOCK_TIMEOUT", "0.2")
     _two_affected(tmp_path)
     state = tmp_path / atomic.STATE_DIR
     state.mkdir()
@@ -533,7 +777,7 @@ def test_a_lock_held_by_a_plain_flock(capsys: pytest.CaptureFixture[str], tmp_pa
         assert run(capsys, "apply", "--check", str(tmp_path))[0] == 1
         code, _, err = run(capsys, "apply", str(tmp_path))
         assert code == 2
-        refused(err, str(state / "lock"), "another gdn-backport run")
+        refused(err, str(state / "lock"), "another gdn-backport run holds this tree's lock")
     assert snapshot(tmp_path) == before
 
 

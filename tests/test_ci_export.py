@@ -7,8 +7,10 @@ the YAML additionally round-trips through PyYAML where it is installed.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -49,6 +51,9 @@ def _commands(text: str) -> list[list[str]]:
         if not (prefix in ("", "run: ", "- run: ") or prefix.endswith(("$(", "cache "))):
             continue
         cmd = re.split(r" \| | >> |\)|  #", code[at:])[0]
+        # Shell-built arguments ("$@", ${TREE:+--tree "$TREE"}) are checked by
+        # running the step (test_docs_github_cell_step_runs_what_the_plan_emits).
+        cmd = re.sub(r"\$\{\w+:\+[^}]*\}", "", cmd).replace('"$@"', "")
         cmd = re.sub(r"\$\{?\w+\}?", "x", cmd.replace('"$CELL"', "0.25.1-gather"))
         found.append(shlex.split(cmd)[1:])
     assert found
@@ -242,9 +247,63 @@ def test_docs_github_workflow_structure() -> None:
     emitted = json.loads(ci_export.github_json(_cells()))["include"][0]
     assert {"id", "release", "strategy"} <= set(emitted)
     runs = " ".join(s.get("run", "") for s in cell["steps"])
-    assert 'gdn-backport matrix --run --cell "$CELL"' in runs
+    assert 'set -- --cell "$CELL"' in runs and 'gdn-backport matrix --run "$@"' in runs
     (upload,) = [s for s in cell["steps"] if "upload-artifact" in s.get("uses", "")]
     assert upload["with"]["path"] == ".nox-results/"
+
+
+@needs_yaml
+@pytest.mark.parametrize("kind", ["release", "tree", "tree-at-ref"])
+def test_docs_github_cell_step_runs_what_the_plan_emits(tmp_path: Path, kind: str) -> None:
+    """Issue 13: a cell of `matrix --format github --tree DIR` carries a tree
+    the workflow never passed. The cell job's step, run by bash with the
+    matrix entry the tool emits, must call `matrix --run` with arguments
+    that select exactly that cell."""
+    if kind == "release":
+        trees: list[matrix.Tree] = []
+        cells = matrix.cells(matrix.load(), ["0.25.1"], ["gather"], None, trees)
+    else:
+        fork = tmp_path / "my-fork"
+        trees = [matrix.adhoc_tree(fork, "release/2.3" if kind == "tree-at-ref" else "")]
+        cells = matrix.cells(matrix.load(), None, ["gather"], None, trees)
+    [entry] = ci_export.github_matrix(cells)["include"]
+    doc = yaml.safe_load((DOCS / "github-actions.yml").read_text())
+    job = doc["jobs"]["cell"]
+    [step] = [s for s in job["steps"] if "gdn-backport matrix --run" in s.get("run", "")]
+    env = {
+        name: re.sub(r"\$\{\{ matrix\.(\w+) \}\}", lambda m: entry.get(m[1], ""), value)
+        for name, value in job["env"].items()
+    }
+    stub = tmp_path / "bin" / "gdn-backport"
+    stub.parent.mkdir()
+    stub.write_text('#!/bin/sh\nfor a in "$@"; do printf \'%s\\n\' "$a"; done > "$ARGS_OUT"\n')
+    stub.chmod(0o755)
+    out = tmp_path / "args"
+    path = f"{stub.parent}{os.pathsep}{os.environ['PATH']}"
+    subprocess.run(
+        ["bash", "-e", "-c", step["run"]],
+        env={**os.environ, **env, "PATH": path, "ARGS_OUT": str(out)},
+        check=True,
+    )
+    argv = out.read_text().splitlines()
+    args = build_parser().parse_args(argv)
+    assert args.command == "matrix" and args.run
+    chosen = [matrix.adhoc_tree(t, args.ref) for t in args.tree or ()]
+    assert chosen == trees
+    assert matrix.cells(matrix.load(), args.release, args.strategy, args.cell, chosen) == cells
+
+
+def test_buildkite_dollars_reach_the_shell_as_written() -> None:
+    """Buildkite interpolates $VAR at upload; the pipeline writes $$ so the
+    step's shell gets --setup's text as given."""
+    setup = 'pip install -q "$WHEEL" && echo ${HOME} $$ \\$PATH'
+    steps = ci_export.buildkite_pipeline(_cells()[:1], "gpu", setup)["steps"]
+    assert isinstance(steps, list)
+    command = steps[0]["command"]
+    assert "$$WHEEL" in command and "$${HOME}" in command
+    # What Buildkite's upload makes of it: $$ -> $.
+    assert command.replace("$$", "$").startswith(setup + " && gdn-backport matrix --run")
+    assert re.search(r"(?<!\$)\$(?!\$)", command.replace("$$", "")) is None
 
 
 @needs_yaml

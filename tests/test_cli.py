@@ -49,9 +49,9 @@ def test_apply_json_has_changed(capsys: pytest.CaptureFixture[str], affected_tre
 @pytest.mark.parametrize(
     ("content", "reason"),
     [
-        (b"def f(:\n    spec_token_indx\n", "syntax error"),
-        (b"x = 'spec_token_indx'\n\xff\xfe\n", "not valid UTF-8"),
-        (b"\x00\x01spec_token_indx\x00", "binary data"),
+        (b"def f(:\n    spec_token_indx, spec_state_indices_tensor\n", "syntax error"),
+        (b"def f(md):\n    return md.spec_token_indx\n\xff\xfe\n", "not valid UTF-8"),
+        (b"\x00\x01def spec_token_indx\x00", "binary data"),
     ],
     ids=["syntax-error", "non-utf8", "binary"],
 )
@@ -83,6 +83,50 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], affected_tree: 
     assert run(capsys, "frobnicate")[0] == 2
 
 
-def test_empty_tree_has_no_sites(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_tree_without_sites(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("")
     code, out, _ = run(capsys, "scan", str(tmp_path), "--json")
     assert code == 0 and json.loads(out)["sites"] == []
+
+
+def test_check_on_an_affected_tree_says_what_is_affected(
+    capsys: pytest.CaptureFixture[str], affected_tree: Path
+) -> None:
+    """Issue 13: it said "nothing to do: no affected site" while exiting 1."""
+    expected = f"check failed: 1 affected site(s): {SITE.as_posix()}:2 Layer._forward_core"
+    code, out, _ = run(capsys, "apply", "--check", str(affected_tree))
+    assert code == 1 and out.rstrip("\n").splitlines()[-1] == expected
+    assert "nothing to do" not in out
+    code, out, _ = run(capsys, "apply", "--check", str(affected_tree), "--json")
+    assert code == 1 and json.loads(out)["message"] == expected
+
+
+def test_help_is_for_users(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "main(argv)" not in out and "library API" not in out
+    for part in ("PR #51812", "apply --check PATH", "exit codes:", "2  bad usage or a refusal"):
+        assert part in out, part
+
+
+def test_a_usage_error_names_the_program_once(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "revert")
+    assert code == 2
+    assert err == (
+        "gdn-backport: revert: one of the arguments path --release --installed is required\n"
+    )
+
+
+def test_the_undo_hint_names_the_tree(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, affected_tree: Path
+) -> None:
+    spaced = tmp_path / "my fork"
+    affected_tree.rename(spaced)
+    code, out, _ = run(capsys, "apply", str(spaced))
+    assert code == 0
+    assert f"undo with `gdn-backport revert '{spaced}'`" in out
+    code, out, _ = run(capsys, "revert", str(spaced))
+    assert code == 0 and "restored 1 file(s)" in out

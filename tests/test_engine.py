@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -90,15 +91,37 @@ def test_unknown_site_refuses_the_whole_run(affected_tree: Path) -> None:
     assert snapshot(affected_tree) == before
 
 
-def test_a_second_writer_is_refused(affected_tree: Path) -> None:
+def test_a_second_writer_waits_then_gives_up(
+    affected_tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GDN_BACKPORT_LOCK_TIMEOUT", "0.3")
     state = affected_tree / atomic.STATE_DIR
     state.mkdir()
     with open(state / "lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         before = snapshot(affected_tree)
-        with pytest.raises(UsageError, match="another gdn-backport run"):
+        t0 = time.monotonic()
+        with pytest.raises(UsageError, match="another gdn-backport run holds this tree's lock"):
             apply_tree(affected_tree)
+        assert time.monotonic() - t0 >= 0.3
         assert snapshot(affected_tree) == before
+
+
+def test_the_lock_is_taken_again_in_the_same_run(affected_tree: Path) -> None:
+    """``apply --commit`` holds the lock and runs apply (and revert) inside."""
+    with atomic.tree_lock(affected_tree):
+        assert apply_tree(affected_tree).written == [SITE.as_posix()]
+        assert revert_tree(affected_tree).written == [SITE.as_posix()]
+    # Released: another process could take it now.
+    with open(affected_tree / atomic.STATE_DIR / "lock") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_a_lock_only_folder_is_removed_again(affected_tree: Path) -> None:
+    """A writing run that writes nothing leaves no records folder behind."""
+    (affected_tree / SITE).write_text(FIXED)
+    assert apply_tree(affected_tree).exit_code == 0
+    assert not (affected_tree / atomic.STATE_DIR).exists()
 
 
 def test_nothing_outside_the_tree_is_touched(tmp_path: Path, affected_tree: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import tempfile
@@ -136,6 +137,7 @@ def test_tree_in_a_subfolder_of_the_repo(
     tree = tmp_path / "monorepo" / "third_party" / "vllm-fork"
     (tree / SITE).parent.mkdir(parents=True)
     (tree / SITE).write_text(AFFECTED)
+    (tree / "vllm" / "__init__.py").write_text("")
     repo = make_repo(tmp_path / "monorepo")
     assert run(capsys, "apply", "--commit", str(tree))[0] == 0
     expected = f"third_party/vllm-fork/{SITE.as_posix()}"
@@ -209,6 +211,7 @@ def test_target_with_user_content_refused_even_with_allow_dirty(
     root = tmp_path / "tree"
     (root / SITE).parent.mkdir(parents=True)
     (root / "README").write_text("fork\n")
+    (root / "vllm" / "__init__.py").write_text("")
     target = root / SITE
     if how == "edited":
         target.write_text(AFFECTED)
@@ -273,7 +276,8 @@ def test_git_failing_after_the_write_rolls_back(
     lock.unlink()
     assert code == 2 and "the files and branches are as before" in err
     assert state(repo) == before
-    assert (root / ".gdn-backport" / "manifest.json").read_text() == "{}\n"
+    manifest = json.loads((root / ".gdn-backport" / "manifest.json").read_text())
+    assert manifest == {"format": 2, "records": []}
 
 
 def test_rollback_leaves_earlier_patches_alone(
@@ -285,6 +289,7 @@ def test_rollback_leaves_earlier_patches_alone(
     earlier, ours = root / "vllm" / "a_layer.py", root / "vllm" / "b_layer.py"
     earlier.parent.mkdir(parents=True)
     earlier.write_text(AFFECTED)
+    (root / "vllm" / "__init__.py").write_text("")
     ours.write_text(AFFECTED)
     assert apply_tree(earlier, root=root).written == ["vllm/a_layer.py"]
     repo = make_repo(root)
@@ -301,6 +306,7 @@ def test_already_fixed_makes_no_branch(capsys: pytest.CaptureFixture[str], tmp_p
     root = tmp_path / "tree"
     (root / SITE).parent.mkdir(parents=True)
     (root / SITE).write_text(FIXED)
+    (root / "vllm" / "__init__.py").write_text("")
     repo = make_repo(root)
     before = state(repo)
     patch = tmp_path / "fix.patch"

@@ -232,3 +232,58 @@ def test_suite_passes_on_the_plugin_patched_class_of_a_release(version: str) -> 
     assert after.passed, after.table()
     qwen = [m for m in patched if m.name == "_forward_core" and m.ours is not None]
     assert len(qwen) == 1 and qwen[0].status.value == "fixed", patched
+
+
+# The spec kernel one call down, in a method of the layer (issue 12): the
+# plugin patches the live caller and leaves the helper as it is.
+CHAINED = """\
+class Layer:
+    def _forward_core(self, mixed_qkv, b, a, core_attn_out):
+        m = get_forward_context().attn_metadata[self.prefix]
+        spec_token_indx = m.spec_token_indx
+        if m.spec_sequence_masks is not None:
+            if m.num_prefills == 0 and m.num_decodes == 0:
+                mixed_qkv_spec = mixed_qkv
+            else:
+                mixed_qkv_spec = mixed_qkv.index_select(0, spec_token_indx)
+            q, k, v = self.rearrange_mixed_qkv(mixed_qkv_spec)
+            out, _ = self._spec_update(a, b, q, k, v, m.spec_state_indices_tensor, m)
+            return out
+
+    def _spec_update(self, a, b, q, k, v, slots, m):
+        return fused_sigmoid_gating_delta_rule_update(
+            A_log=self.A_log, a=a, b=b, dt_bias=self.dt_bias, q=q, k=k, v=v,
+            initial_state=self.kv_cache[1], ssm_state_indices=slots,
+            num_accepted_tokens=m.num_accepted_tokens,
+        )
+"""
+
+
+def test_a_chained_spec_path_is_patched_in_the_live_caller(fake: Any) -> None:
+    torch = pytest.importorskip("torch")
+    fake(gdn=CHAINED)
+    plugin.register()
+    module = importlib.import_module(GDN)
+    mark = getattr(_method(), MARKER, None)
+    assert mark is not None, "the caller was not patched"
+    helper = module.Layer.__dict__["_spec_update"]
+    assert getattr(helper, MARKER, None) is None  # the helper is left as it is
+    assert "_spec_update(a_spec, b_spec, q, k, v" in inspect.getsource(_method())
+    got: list[Any] = []
+
+    def kernel(**kw: Any) -> tuple[Any, None]:
+        got.append(kw["a"])
+        return kw["q"], None
+
+    md = _Md(torch)
+    module.fused_sigmoid_gating_delta_rule_update = kernel
+    module.get_forward_context = lambda: types.SimpleNamespace(attn_metadata={"p": md})
+    layer = module.Layer("p")
+    layer.kv_cache, layer.A_log, layer.dt_bias = [None, None], None, None
+    layer.rearrange_mixed_qkv = lambda x: (x, x, x)
+    a = torch.arange(4.0)[:, None]
+    _method()(layer, torch.zeros(4, 1), a.clone(), a, None)
+    # Through the helper, the kernel gets the spec tokens' gate rows 1-3.
+    assert [g.flatten().tolist() for g in got] == [[1, 2, 3]]
+    [method] = [m for m in live.live_methods(module) if m.name == "_forward_core"]
+    assert method.status.value == "fixed"

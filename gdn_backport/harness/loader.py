@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from gdn_backport import locate
+from gdn_backport.errors import UsageError
 from gdn_backport.harness.standins import (
     STANDIN_BUILDERS,
     HarnessContext,
@@ -118,11 +119,12 @@ def find_gdn_sites(tree: Path) -> list[GdnSite]:
         raise HarnessError(f"{tree}: no vllm/ package below it")
     sites: list[GdnSite] = []
     # scan's own walk: no records (.gdn-backport/originals hold the affected
-    # originals of a patched tree), no VCS or cache folders, no links.
+    # originals of a patched tree), no VCS or cache folders; links followed.
+    # Decoded as scan and Python decode it (PEP 263).
     for path in locate.python_files(root):
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
+            text = locate.decode(path, path.read_bytes())
+        except (OSError, UsageError):
             continue
         if not (
             ("def _forward_core" in text and "spec_token_indx" in text)

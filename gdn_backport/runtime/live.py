@@ -46,9 +46,10 @@ class Source:
     lines: list[str]  # the function, indented as in the file
     module_lines: list[str]  # the whole file
 
-    def context(self) -> tuple[str, int]:
+    def context(self, owner: str | None = None) -> tuple[str, int]:
         """A small module: the file's imports, then the function; and how
-        many lines come before the function in it."""
+        many lines come before the function in it. ``owner``: the class an
+        indented method is put in (its ``self.`` calls then resolve)."""
         imports = locate.module_imports(ast.parse("".join(self.module_lines)))
         header = [
             f"import {target} as {local}\n"
@@ -57,7 +58,8 @@ class Source:
         ]
         indented = self.lines[0][:1] in (" ", "\t")
         if indented:
-            header.append("if 1:\n")  # keeps the method's own indentation valid
+            # Keeps the method's own indentation valid.
+            header.append(f"class {owner}:\n" if owner else "if 1:\n")
         return "".join(header + self.lines), len(header)
 
 
@@ -175,6 +177,10 @@ class LiveResolver:
         fn = unwrap_descriptor(target)
         if not isinstance(fn, types.FunctionType):
             return None
+        # The tree's own helpers only (vLLM and its plugins), as scan follows
+        # only the files of the tree: a library's function is a callee.
+        if not (fn.__module__ or "").split(".", 1)[0].startswith(PREFIX):
+            return None
         try:
             src = source_of(fn)
             text, _ = src.context()
@@ -186,13 +192,15 @@ class LiveResolver:
             return None
         key = f"<live {fn.__module__}.{fn.__qualname__}>"
         self.register(key, owner if bound else None, fn)
+        receiver = self.scopes[key][2]
+        scope = Scope(key, owner.__qualname__ if bound and owner else None, receiver)
         imports = locate.module_imports(ast.parse("".join(src.module_lines)))
         relevant = any(name in text for name in self.names)
         return Callee(
             (key, fn.__qualname__, 0),
             lambda: node,
             imports,
-            Scope(key),
+            scope,
             fn.__qualname__,
             src.file,
             src.first,
@@ -224,7 +232,7 @@ def analyse_function(
         src = source_of(fn)
     except (OSError, TypeError) as exc:
         return Status.UNKNOWN, f"its source cannot be read ({exc})"
-    text, _ = src.context()
+    text, _ = src.context(owner.__name__ if owner is not None else None)
     try:
         sites = live_sites(fn, text, src.file, patchset, owner)
     except UsageError as exc:

@@ -62,7 +62,7 @@ def _rewrite_source(
     line of the original's first line in its file. Refusal if it cannot.
     The helpers it calls are followed as ``owner`` and its module hold them."""
     src = source_of(fn)
-    text, header = src.context()
+    text, header = src.context(owner.__name__ if owner is not None else None)
     resolver = live_resolver(fn, owner, patchset, "<module>")
     codemod = GatherGatesCodemod(source=text, patchset=patchset, resolver=resolver)
     try:
