@@ -554,6 +554,8 @@ class FlowWalker:
             if both:
                 left = self._atoms(test.left, truth, env)
                 right = self._atoms(test.right, truth, env)
+                if left is _NEVER or right is _NEVER:
+                    return _NEVER
                 # The compound's own atom too: the other arm negates it.
                 whole = frozenset({(self._canon(test, env), truth)})
                 merged = consistent(left, right, whole)
@@ -753,7 +755,7 @@ class FlowWalker:
         for truth, body in ((True, stmt.body), (False, stmt.orelse)):
             cond = self._atoms(stmt.test, truth, env)
             arm = dict(env)
-            path = consistent(self.path, cond)
+            path = None if cond is _NEVER else consistent(self.path, cond)
             implied = self._narrow(stmt.test, truth, arm) if path is not None else None
             path = consistent(path, implied) if path is not None and implied is not None else None
             if path is None:
@@ -878,7 +880,7 @@ class FlowWalker:
             out: set[Val] = set()
             for truth, arm in ((True, node.body), (False, node.orelse)):
                 cond = self._atoms(node.test, truth, env)
-                if consistent(self.path, cond) is None:
+                if cond is _NEVER or consistent(self.path, cond) is None:
                     continue
                 narrowed = dict(env)
                 if self._narrow(node.test, truth, narrowed) is None:

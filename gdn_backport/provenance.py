@@ -73,13 +73,26 @@ NO_ASSUME: Assume = frozenset()
 
 
 def consistent(*assumes: Assume) -> Assume | None:
-    """The union of branch assumptions, or None if two of them contradict."""
-    merged: dict[str, bool] = {}
+    """The union of branch assumptions, or None if two of them contradict.
+
+    The hottest function of the analysis: sets are joined pairwise, looking
+    up each key's opposite in the other set instead of rebuilding a dict."""
+    out: Assume | None = None
     for assume in assumes:
+        if not assume or assume is out:
+            continue
+        if out is None:
+            if len({key for key, _ in assume}) != len(assume):
+                return None  # an arm no path takes (``x and not x``)
+            out = assume
+            continue
+        if assume <= out:
+            continue
         for key, truth in assume:
-            if merged.setdefault(key, truth) != truth:
+            if (key, not truth) in out:
                 return None
-    return frozenset(merged.items())
+        out = out | assume
+    return NO_ASSUME if out is None else out
 
 
 @dataclass(frozen=True)

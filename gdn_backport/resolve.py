@@ -15,9 +15,11 @@ from __future__ import annotations
 import ast
 import functools
 import os
-from collections.abc import Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import libcst as cst
 
@@ -71,6 +73,9 @@ class FunctionInfo:
         """Parameters that are not tensors, read from ``ast`` (the rule of
         ``dataflow._object_params``): ``self``/``cls``, those annotated with
         something other than a Tensor, those used with a non-tensor attribute."""
+        return set(_memo(self.node, "objects", self._object_params))
+
+    def _object_params(self) -> frozenset[str]:
         args = self.node.args
         params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
         names = {a.arg for a in params}
@@ -86,7 +91,7 @@ class FunctionInfo:
                 and node.attr not in TENSOR_ATTRS
             ):
                 objects.add(node.value.id)
-        return objects
+        return frozenset(objects)
 
     def candidate(self) -> locate.Candidate:
         return locate.Candidate(
@@ -151,45 +156,29 @@ class ModuleInfo:
         self._functions: list[FunctionInfo] = []
         self._top: dict[str, FunctionInfo] = {}
         self._classes: dict[str, ClassInfo] = {}
-        seen: dict[str, int] = {}
-
-        def visit(node: ast.AST, prefix: str, cls: ClassInfo | None) -> None:
-            for child in ast.iter_child_nodes(node):
-                if isinstance(child, ast.ClassDef):
-                    qual = f"{prefix}{child.name}"
-                    info = ClassInfo(qual, [b for b in map(_ast_dotted, child.bases) if b])
-                    self._classes.setdefault(qual, info)
-                    visit(child, f"{qual}.", info)
-                elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    qual = f"{prefix}{child.name}"
-                    occurrence = seen.get(qual, 0)
-                    seen[qual] = occurrence + 1
-                    decorators = {_ast_dotted(d) for d in child.decorator_list}
-                    kind = "function"
-                    if cls is not None:
-                        kind = next((v for k, v in _DECORATED.items() if k in decorators), "method")
-                    fn = FunctionInfo(
-                        self,
-                        qual,
-                        occurrence,
-                        child.lineno,
-                        min([child.lineno, *(d.lineno for d in child.decorator_list)]),
-                        child.end_lineno or child.lineno,
-                        child.col_offset,
-                        cls.qualname if cls is not None else None,
-                        kind,
-                        child,
-                    )
-                    self._functions.append(fn)
-                    if cls is not None:
-                        cls.methods[child.name] = fn  # the last definition wins
-                    elif not prefix:
-                        self._top[child.name] = fn
-                    visit(child, f"{qual}.", None)
-                elif isinstance(child, (ast.stmt, ast.ExceptHandler, ast.match_case)):
-                    visit(child, prefix, cls)
-
-        visit(self._tree, "", None)
+        for entry in _memo(self._tree, "index", lambda: _raw_index(self._tree)):
+            if entry[0] == "class":
+                _, qual, bases = entry
+                self._classes.setdefault(qual, ClassInfo(qual, list(bases)))
+                continue
+            _, qual, occurrence, node, cls_name, kind, top = entry
+            fn = FunctionInfo(
+                self,
+                qual,
+                occurrence,
+                node.lineno,
+                min([node.lineno, *(d.lineno for d in node.decorator_list)]),
+                node.end_lineno or node.lineno,
+                node.col_offset,
+                cls_name,
+                kind,
+                node,
+            )
+            self._functions.append(fn)
+            if cls_name is not None:
+                self._classes[cls_name].methods[node.name] = fn  # the last one wins
+            elif top:
+                self._top[node.name] = fn
 
     def use_tree(self, module: cst.Module) -> None:
         """Hand out the functions of ``module`` (the text's own parse): a
@@ -218,6 +207,66 @@ def _ast_dotted(node: ast.expr) -> str | None:
         inner = _ast_dotted(node.value)
         return f"{inner}.{node.attr}" if inner else None
     return None
+
+
+# ast-derived facts of a function, by its node: the parse of a text is cached
+# (``locate._parse``), so a second analysis of the same file in one process
+# (apply: scan, rewrite, proof) reads them again for free.
+_MEMO: OrderedDict[tuple[int, str], tuple[ast.AST, Any]] = OrderedDict()
+_MEMO_SIZE = 8192
+
+
+def _memo(node: ast.AST, kind: str, compute: Callable[[], Any]) -> Any:
+    key = (id(node), kind)
+    hit = _MEMO.get(key)
+    if hit is not None and hit[0] is node:
+        _MEMO.move_to_end(key)
+        return hit[1]
+    value = compute()
+    _MEMO[key] = (node, value)  # the node is kept alive with its id
+    if len(_MEMO) > _MEMO_SIZE:
+        _MEMO.popitem(last=False)
+    return value
+
+
+def _raw_index(tree: ast.Module | None) -> list[tuple[Any, ...]]:
+    """Classes ("class", qualname, bases) and functions ("function", qualname,
+    occurrence, node, class, kind, top-level) of a module, in source order."""
+    out: list[tuple[Any, ...]] = []
+    seen: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str, cls: str | None) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                qual = f"{prefix}{child.name}"
+                out.append(("class", qual, tuple(b for b in map(_ast_dotted, child.bases) if b)))
+                visit(child, f"{qual}.", qual)
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                qual = f"{prefix}{child.name}"
+                occurrence = seen.get(qual, 0)
+                seen[qual] = occurrence + 1
+                decorators = {_ast_dotted(d) for d in child.decorator_list}
+                kind = "function"
+                if cls is not None:
+                    kind = next((v for k, v in _DECORATED.items() if k in decorators), "method")
+                out.append(("function", qual, occurrence, child, cls, kind, not prefix))
+                visit(child, f"{qual}.", None)
+            elif isinstance(child, (ast.stmt, ast.ExceptHandler, ast.match_case)):
+                visit(child, prefix, cls)
+
+    if tree is not None:
+        visit(tree, "", None)
+    return out
+
+
+def _callees(fn: ast.AST) -> tuple[str, ...]:
+    """Every callee a function's code names, as written."""
+
+    def compute() -> tuple[str, ...]:
+        found = (ast_callee(n) for n in ast.walk(fn) if isinstance(n, ast.Call))
+        return tuple(w for w in found if w is not None)
+
+    return _memo(fn, "callees", compute)  # type: ignore[no-any-return]
 
 
 def ast_callee(call: ast.Call) -> str | None:
@@ -505,11 +554,8 @@ class TreeIndex:
         local rebindings ignored: an over-approximation); ``only``: just
         the calls of functions so named."""
         imports = fn.module.imports
-        for node in ast.walk(fn.node):
-            if not isinstance(node, ast.Call):
-                continue
-            written = ast_callee(node)
-            if written is None or (only is not None and written.rsplit(".", 1)[-1] not in only):
+        for written in _callees(fn.node):
+            if only is not None and written.rsplit(".", 1)[-1] not in only:
                 continue
             head, _, rest = written.partition(".")
             resolved = written
