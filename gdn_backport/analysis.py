@@ -496,7 +496,7 @@ def walk_entry(
             patchset.benign
         )
 
-    walker = FlowWalker(patchset.fields, imports, resolver, stop)
+    walker = FlowWalker(patchset.fields, imports, resolver, stop, patchset.row_gathers)
     flow = walker.run(func, scope, qualname, path, line, key, objects)
     return classify(flow, patchset)
 

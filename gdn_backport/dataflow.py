@@ -314,9 +314,13 @@ class FlowWalker:
         imports: Mapping[str, str],
         resolver: Resolver | None = None,
         stop: Callable[[str], bool] = lambda name: False,
+        row_gathers: frozenset[str] = frozenset(),
     ) -> None:
-        """``stop(callee)``: calls never followed (kernels, benign calls)."""
+        """``stop(callee)``: calls never followed (kernels, benign calls);
+        ``row_gathers``: dotted names of functions called as ``f(x, index)``
+        that select like ``x.index_select(0, index)``, ``x`` for None."""
         self.fields = fields
+        self.row_gathers = row_gathers
         self.resolver: Resolver = resolver or NoResolver()
         self.stop = stop
         self.flow = Flow()
@@ -998,6 +1002,10 @@ class FlowWalker:
         record = CallRecord(node, callee, self.path, arg_vals, starred, self.frame)
         self.flow.calls.append(record)
         base, index = self._index_select_args(node)
+        none_keeps_all = False
+        if base is None and callee in self.row_gathers:
+            base, index = _bind_row_gather(node)
+            none_keeps_all = True
         if base is not None and index is not None:
             bvals, ivals = self.ev(base, env), self.ev(index, env)
             result: set[Val] = set()
@@ -1006,7 +1014,9 @@ class FlowWalker:
                     a = consistent(b.assume, i.assume)
                     if a is not None:
                         prov = self._select(b, i.prov)
-                        if i.prov in (Prov.NONE, Prov.NULL) and b.prov.is_rows:
+                        if none_keeps_all and i.prov is Prov.NULL:
+                            pass  # index None: x itself
+                        elif i.prov in (Prov.NONE, Prov.NULL) and b.prov.is_rows:
                             # Rows picked by an index of unknown origin (a
                             # helper's result, ``getattr(md, "...")``): which
                             # rows is unknown, not "all of them".
@@ -1226,6 +1236,19 @@ def _opaque(provs: Iterable[Prov]) -> Prov:
     if any(p in GATHERED for p in provs) and any(p.is_rows for p in provs):
         return Prov.CONFLICT
     return join(provs)
+
+
+def _bind_row_gather(
+    call: cst.Call,
+) -> tuple[cst.BaseExpression | None, cst.BaseExpression | None]:
+    """``x`` and ``index`` of a row-gather call ``f(x, index)``."""
+    if any(a.star for a in call.args):
+        return None, None
+    pos = [a.value for a in call.args if a.keyword is None]
+    kw = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    x = pos[0] if pos else kw.get("x")
+    index = pos[1] if len(pos) > 1 else kw.get("index")
+    return x, index
 
 
 def _is_arange(callee: str) -> bool:

@@ -73,6 +73,10 @@ class Patchset:
     fields: Fields
     benign: frozenset[str]
     kernels: dict[str, KernelSpec]  # by short name
+    # Functions that pick rows like ``x.index_select(0, index)`` and return
+    # ``x`` itself for ``index=None``, by dotted name: the guarded kernel
+    # call site's ``gather_token_rows``.
+    row_gathers: frozenset[str] = frozenset()
 
     def kernel_for(self, callee: str | None) -> KernelSpec | None:
         """The kernel a call of ``callee`` is, if any."""
@@ -191,7 +195,22 @@ def parse(data: dict[str, Any], where: str) -> Patchset:
         ),
         benign=frozenset(_names(_get(data, "benign", dict, where), "names", where)),
         kernels=kernels,
+        row_gathers=_row_gathers(data, where),
     )
+
+
+def _row_gathers(data: dict[str, Any], where: str) -> frozenset[str]:
+    table = data.get("row_gather")
+    if table is None:
+        return frozenset()
+    if not isinstance(table, dict):
+        raise UsageError(f"{where}: key 'row_gather' must be a table")
+    names = _get(table, "names", list, f"{where}: row_gather")
+    if not all(isinstance(n, str) and all(p.isidentifier() for p in n.split(".")) for n in names):
+        raise UsageError(f"{where}: row_gather: key 'names' must list dotted names")
+    if _names(table, "params", f"{where}: row_gather") != ("x", "index"):
+        raise UsageError(f"{where}: row_gather: params must be [\"x\", \"index\"]")
+    return frozenset(names)
 
 
 @cache

@@ -204,3 +204,27 @@ def test_renamed_metadata_fields_are_followed_through_locals() -> None:
         """
     )
     assert status(src) is Status.AFFECTED
+
+
+@pytest.mark.parametrize(
+    ("imports", "index", "expected"),
+    [
+        # Ours, imported: a gather by the spec index, identity for None.
+        ({"gather_token_rows": "gdn_backport_kernels.gather_token_rows"}, "i", Status.FIXED),
+        ({"gather_token_rows": "gdn_backport_kernels.gather_token_rows"}, "None", Status.AFFECTED),
+        # A fork's own function of that name may do anything: not a gather.
+        ({}, "i", Status.UNKNOWN),
+        ({"gather_token_rows": "fork.utils.gather_token_rows"}, "i", Status.UNKNOWN),
+    ],
+    ids=["ours", "ours-none-index", "local-name", "other-module"],
+)
+def test_row_gather_is_ours_only(imports: dict[str, str], index: str, expected: Status) -> None:
+    # The fallback branch of the kernel strategy's guarded call gathers the
+    # gates with gdn_backport_kernels.gather_token_rows (patchset [row_gather]).
+    body = f"""\
+    i = md.spec_token_indx
+    x_spec = x.index_select(0, i)
+    a_s = gather_token_rows(a, {index})
+    b_s = gather_token_rows(b, index={index})
+    """
+    assert status(site(body, "a_s", "b_s"), imports) is expected

@@ -64,3 +64,47 @@ def test_kernel_strategy_apply_scan_revert(tmp_path: Path) -> None:
     assert not apply_tree(root, "gather").written
     revert_tree(root)
     assert site.read_text() == AFFECTED
+
+
+@pytest.mark.network
+@pytest.mark.parametrize(
+    ("version", "branch"),
+    [("0.18.1", "fallback"), ("0.21.0", "fallback"), ("0.27.1", "op")],
+)
+def test_guarded_call_passes_the_suite_on_either_branch(
+    version: str, branch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The kernel strategy's guarded call on a real release: with the op
+    # forced off, the fallback branch (the tree's own kernel on gathered
+    # gates) must pass the mixed-batch suite alone; without, the op must.
+    from gdn_backport import corpus
+    from gdn_backport.verify import triton_problem, verify_tree
+
+    if triton_problem():
+        pytest.skip(triton_problem())
+    root = corpus.slim_tree(version, tmp_path / version)
+    out = apply_tree(root, "kernel", Mode.WRITE)
+    assert out.exit_code == 0, out.refused
+    if branch == "fallback":
+        monkeypatch.setenv("GDN_BACKPORT_KERNEL", "off")
+    ran: dict[str, int] = {}
+
+    def count_spec_calls(module: object) -> None:
+        for name in ("gated_delta_rule_spec_update", "fused_sigmoid_gating_delta_rule_update"):
+            fn = getattr(module, name)
+
+            def counted(*args: object, _fn: object = fn, _name: str = name, **kw: object) -> object:
+                if kw.get("num_accepted_tokens") is not None:
+                    ran[_name] = ran.get(_name, 0) + 1
+                return _fn(*args, **kw)  # type: ignore[operator]
+
+            setattr(module, name, counted)
+
+    report = verify_tree(root, scenarios=["pr_layout", "pure_spec"], patch=count_spec_calls)
+    assert report.passed, [(r.name, r.note) for r in report.rows] or report.error
+    want = (
+        "gated_delta_rule_spec_update"
+        if branch == "op"
+        else "fused_sigmoid_gating_delta_rule_update"
+    )
+    assert set(ran) == {want}, ran

@@ -47,3 +47,14 @@ def test_bad_patchset_names_file_and_key(mutate, message: str) -> None:  # type:
     mutate(data)
     with pytest.raises(UsageError, match=f"pr51812.toml: .*{message}"):
         parse(data, "patchsets/pr51812.toml")
+
+
+def test_row_gather_table() -> None:
+    assert load().row_gathers == {"gdn_backport_kernels.gather_token_rows"}
+    data = _raw()
+    data["row_gather"] = {"names": ["x y"], "params": ["x", "index"]}  # type: ignore[index]
+    with pytest.raises(UsageError, match="row_gather: key 'names' must list dotted names"):
+        parse(data, "patchsets/pr51812.toml")
+    data["row_gather"] = {"names": ["m.f"], "params": ["index", "x"]}  # type: ignore[index]
+    with pytest.raises(UsageError, match="row_gather: params must be"):
+        parse(data, "patchsets/pr51812.toml")

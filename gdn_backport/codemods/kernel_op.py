@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
@@ -21,14 +21,128 @@ from gdn_backport.codemods.gather_gates import (
     check_gate,
     gate_name,
 )
-from gdn_backport.dataflow import index_select_parts
+from gdn_backport.dataflow import code, index_select_parts, walk
 from gdn_backport.provenance import Prov
 
 MODULE = "gdn_backport_kernels"
 OP = "gated_delta_rule_spec_update"
+GUARD = "use_spec_update"
+GATHER = "gather_token_rows"
 SWAPPABLE = "fused_sigmoid_gating_delta_rule_update"
 # The op's wrapper takes vLLM's arguments in vLLM's order, except this one.
 UNSUPPORTED_ARGS = ("is_kda",)
+
+_COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+# Calls an argument may make and still be evaluated twice (by the guard and
+# by the branch it picks): views and copies of a tensor, nothing with effects.
+_PURE_METHODS = frozenset(
+    {"contiguous", "view", "view_as", "reshape", "flatten", "unflatten", "squeeze",
+     "unsqueeze", "transpose", "permute", "narrow", "select", "expand", "to", "float", "clone",
+     "half", "bfloat16", "int", "long", "size", "dim", "numel"}
+)  # fmt: skip
+_PURE_LEAVES = (
+    cst.Name, cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString,
+    cst.FormattedString, cst.Ellipsis,
+)  # fmt: skip
+
+
+def _impure_part(expr: cst.BaseExpression) -> cst.CSTNode | None:
+    """The first call in ``expr`` that may do more than read (None: none)."""
+    for node in walk(expr):
+        if isinstance(node, cst.Call):
+            func = node.func
+            if not (isinstance(func, cst.Attribute) and func.attr.value in _PURE_METHODS):
+                return node
+        elif isinstance(node, (cst.Lambda, cst.NamedExpr, cst.Await, cst.Yield)):
+            return node
+    return None
+
+
+def _extra_args(rows: str, slot: int) -> list[cst.Arg]:
+    tight = cst.AssignEqual(
+        whitespace_before=cst.SimpleWhitespace(""),
+        whitespace_after=cst.SimpleWhitespace(""),
+    )
+    value: cst.BaseExpression = cst.Integer(str(abs(slot)))
+    if slot < 0:
+        value = cst.UnaryOperation(cst.Minus(), value)
+    return [
+        cst.Arg(cst.Name(rows), keyword=cst.Name("spec_token_indx"), equal=tight),
+        cst.Arg(value, keyword=cst.Name("null_slot_id"), equal=tight),
+    ]
+
+
+def _with_args(args: list[cst.Arg], extra: list[cst.Arg]) -> list[cst.Arg]:
+    """``args`` then ``extra``, laid out like the call's own arguments: the
+    separator of the second-last argument (newline + indent in a multi-line
+    call) between them, the last argument's own ending after them."""
+    sep = args[-2].comma if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma) else _COMMA
+    ending = args[-1].comma if args else cst.MaybeSentinel.DEFAULT
+    args = list(args)
+    if args:
+        args[-1] = args[-1].with_changes(comma=sep)
+    extra = [e.with_changes(comma=sep) for e in extra[:-1]] + [extra[-1].with_changes(comma=ending)]
+    return [*args, *extra]
+
+
+class _Indent(cst.CSTTransformer):
+    """Shift every continuation line of a node right by ``extra``."""
+
+    def __init__(self, extra: str) -> None:
+        self.extra = extra
+
+    def leave_ParenthesizedWhitespace(
+        self, original_node: cst.ParenthesizedWhitespace, updated_node: cst.ParenthesizedWhitespace
+    ) -> cst.ParenthesizedWhitespace:
+        line = updated_node.last_line.value + self.extra
+        return updated_node.with_changes(last_line=cst.SimpleWhitespace(line))
+
+
+def _line(indent: str) -> cst.ParenthesizedWhitespace:
+    return cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(indent))
+
+
+def _closing_indent(call: cst.Call) -> str:
+    """The indent of the line a multi-line call closes on ("" if one line)."""
+    last = call.args[-1] if call.args else None
+    if last is None:
+        return ""
+    ws = (
+        last.comma.whitespace_after
+        if isinstance(last.comma, cst.Comma)
+        else last.whitespace_after_arg
+    )
+    return ws.last_line.value if isinstance(ws, cst.ParenthesizedWhitespace) else ""
+
+
+def _guarded(op: cst.Call, guard: cst.Call, fallback: cst.Call) -> cst.IfExp:
+    """``(op if guard else fallback)``, one branch a line, in parentheses:
+    the call's own if it had them, else new ones around a shifted copy."""
+    outer_lpar, outer_rpar = op.lpar, op.rpar
+    base = _closing_indent(op)
+    step = "" if outer_lpar else "    "
+    if outer_lpar:
+        head = outer_lpar[-1].whitespace_after
+        inner = head.last_line.value if isinstance(head, cst.ParenthesizedWhitespace) else base
+    else:
+        inner = base + step
+        outer_lpar = [cst.LeftParen(whitespace_after=_line(inner))]
+        outer_rpar = [cst.RightParen(whitespace_before=_line(base))]
+    branches = [
+        cast(cst.Call, c.with_changes(lpar=[], rpar=[]).visit(_Indent(step)))
+        for c in (op, guard, fallback)
+    ]
+    return cst.IfExp(
+        test=branches[1],
+        body=branches[0],
+        orelse=branches[2],
+        whitespace_before_if=_line(inner),
+        whitespace_after_if=cst.SimpleWhitespace(" "),
+        whitespace_before_else=_line(inner),
+        whitespace_after_else=cst.SimpleWhitespace(" "),
+        lpar=outer_lpar,
+        rpar=outer_rpar,
+    )
 
 
 def _index_of(gather: cst.BaseExpression) -> cst.BaseExpression:
@@ -78,7 +192,7 @@ def null_slot_id(tree: Path) -> int:
 
 
 _UPSTREAM_SHAPE_SWAPPED = """\
-from gdn_backport_kernels import gated_delta_rule_spec_update
+from gdn_backport_kernels import gated_delta_rule_spec_update, gather_token_rows, use_spec_update
 
 class Layer:
     def _forward_core(self, mixed_qkv, b, a, core_attn_out):
@@ -104,19 +218,47 @@ class Layer:
         query_spec, key_spec, value_spec = self.rearrange_mixed_qkv(mixed_qkv_spec)
         query, key, value = self.rearrange_mixed_qkv(mixed_qkv_non_spec)
         if spec_sequence_masks is not None:
-            out_spec, _ = gated_delta_rule_spec_update(
-                A_log=self.A_log,
-                a=a,  # the gate rows the bug is about
-                b=b,
-                dt_bias=self.dt_bias,
-                q=query_spec,
-                k=key_spec,
-                v=value_spec,
-                initial_state=ssm_state,
-                ssm_state_indices=spec_state_indices_tensor,
-                num_accepted_tokens=m.num_accepted_tokens,
-                spec_token_indx=spec_token_rows,
-                null_slot_id=0,
+            out_spec, _ = (
+                gated_delta_rule_spec_update(
+                    A_log=self.A_log,
+                    a=a,  # the gate rows the bug is about
+                    b=b,
+                    dt_bias=self.dt_bias,
+                    q=query_spec,
+                    k=key_spec,
+                    v=value_spec,
+                    initial_state=ssm_state,
+                    ssm_state_indices=spec_state_indices_tensor,
+                    num_accepted_tokens=m.num_accepted_tokens,
+                    spec_token_indx=spec_token_rows,
+                    null_slot_id=0,
+                )
+                if use_spec_update(
+                    A_log=self.A_log,
+                    a=a,  # the gate rows the bug is about
+                    b=b,
+                    dt_bias=self.dt_bias,
+                    q=query_spec,
+                    k=key_spec,
+                    v=value_spec,
+                    initial_state=ssm_state,
+                    ssm_state_indices=spec_state_indices_tensor,
+                    num_accepted_tokens=m.num_accepted_tokens,
+                    spec_token_indx=spec_token_rows,
+                    null_slot_id=0,
+                )
+                else fused_sigmoid_gating_delta_rule_update(
+                    A_log=self.A_log,
+                    a=gather_token_rows(a, spec_token_rows),  # the gate rows the bug is about
+                    b=gather_token_rows(b, spec_token_rows),
+                    dt_bias=self.dt_bias,
+                    q=query_spec,
+                    k=key_spec,
+                    v=value_spec,
+                    initial_state=ssm_state,
+                    ssm_state_indices=spec_state_indices_tensor,
+                    num_accepted_tokens=m.num_accepted_tokens,
+                )
             )
         if m.num_decodes > 0:
             # The non-spec decode call: its a=a, b=b is right and stays.
@@ -128,6 +270,13 @@ class Layer:
 """
 
 
+# A call in an argument (``next_accepted(m)``): evaluated by the guard and
+# again by the branch, it might run twice.
+_CALL_IN_ARGUMENT = _UPSTREAM_SHAPE.replace(
+    "num_accepted_tokens=m.num_accepted_tokens", "num_accepted_tokens=next_accepted(m)"
+)
+
+
 class KernelOpCodemod(SiteCodemod):
     """Swap each affected spec-kernel call for ``gdn_backport_kernels``' op.
 
@@ -135,10 +284,20 @@ class KernelOpCodemod(SiteCodemod):
     the gate rows inside the kernel. Next to each assignment that selects the
     spec rows of q/k/v, a fresh name takes the index that selection used
     (``spec_token_rows = spec_token_indx``) or ``None`` where q/k/v hold all
-    rows (the pure-spec path, which stays zero-copy); the call is renamed and
-    given ``spec_token_indx=`` that name and ``null_slot_id=`` the slot rule
-    read from the tree's own kernel. The import is added. The patched tree
-    then needs ``gdn-backport`` installed.
+    rows (the pure-spec path, which stays zero-copy). The call becomes a
+    guarded expression, so a call the op cannot serve never raises inside a
+    model server::
+
+        (op(<args>, spec_token_indx=rows, null_slot_id=n)
+         if use_spec_update(<same args>)
+         else <the tree's kernel>(<args, gates through gather_token_rows(_, rows)>))
+
+    ``null_slot_id`` is the slot rule read from the tree's own kernel; the
+    fallback branch is upstream's fix in the tree's own names, and the
+    analysis proves both branches aligned in the rewritten file. Arguments
+    are evaluated twice (guard, branch): a call with effects in one is
+    refused. The import is added; the patched tree then needs
+    ``gdn-backport`` (its ``gdn_backport_kernels``) installed.
     """
 
     DESCRIPTION: str = "Backport vLLM PR #51812 by calling gdn_backport_kernels' op."
@@ -178,37 +337,36 @@ class KernelOpCodemod(SiteCodemod):
             else:
                 planner.insert(plan, d, rows, cst.Name("None"))
 
+        for arg in node.args:
+            impure = _impure_part(arg.value)
+            if impure is not None:
+                raise Refusal(
+                    f"argument {code(arg.value)} calls {code(impure)}: the guarded call "
+                    "evaluates its arguments twice (guard and branch): use --strategy gather"
+                )
+        gate_slots = [node.args.index(g.arg) for g in call.gates]
+
         def swap(updated: cst.CSTNode) -> cst.CSTNode:
             assert isinstance(updated, cst.Call)
-            tight = cst.AssignEqual(
-                whitespace_before=cst.SimpleWhitespace(""),
-                whitespace_after=cst.SimpleWhitespace(""),
+            op_args = _with_args(list(updated.args), _extra_args(rows, slot))
+            fallback_args = list(updated.args)
+            for i in gate_slots:
+                gate = fallback_args[i]
+                fallback_args[i] = gate.with_changes(
+                    value=cst.Call(
+                        cst.Name(GATHER),
+                        [cst.Arg(gate.value, comma=_COMMA), cst.Arg(cst.Name(rows))],
+                    )
+                )
+            return _guarded(
+                updated.with_changes(func=cst.Name(OP), args=op_args),
+                updated.with_changes(func=cst.Name(GUARD), args=op_args),
+                updated.with_changes(args=fallback_args),
             )
-            value: cst.BaseExpression = cst.Integer(str(abs(slot)))
-            if slot < 0:
-                value = cst.UnaryOperation(cst.Minus(), value)
-            extra = [
-                cst.Arg(cst.Name(rows), keyword=cst.Name("spec_token_indx"), equal=tight),
-                cst.Arg(value, keyword=cst.Name("null_slot_id"), equal=tight),
-            ]
-            args = list(updated.args)
-            # Lay the new arguments out like the call's own: the separator of
-            # the second-last argument (newline + indent in a multi-line call)
-            # between them, the last argument's own ending after them.
-            sep = (
-                args[-2].comma
-                if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma)
-                else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-            )
-            ending = args[-1].comma if args else cst.MaybeSentinel.DEFAULT
-            if args:
-                args[-1] = args[-1].with_changes(comma=sep)
-            extra[0] = extra[0].with_changes(comma=sep)
-            extra[-1] = extra[-1].with_changes(comma=ending)
-            return updated.with_changes(func=cst.Name(OP), args=[*args, *extra])
 
         plan.edits[id(node)] = swap
-        AddImportsVisitor.add_needed_import(self.context, MODULE, OP)
+        for name in (OP, GUARD, GATHER):
+            AddImportsVisitor.add_needed_import(self.context, MODULE, name)
 
     def finish(self, tree: cst.Module) -> cst.Module:
         return AddImportsVisitor(self.context).transform_module(tree)
@@ -221,4 +379,5 @@ class KernelOpCodemod(SiteCodemod):
         (_MASKED, "use --strategy gather"),
         (_ONE_GATE, "already gathered"),
         (_WRAPPED_KERNEL, "not a known kernel"),
+        (_CALL_IN_ARGUMENT, "evaluates its arguments twice"),
     )

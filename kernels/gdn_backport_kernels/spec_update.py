@@ -721,6 +721,30 @@ def gated_delta_rule_spec_update_fwd(
     return out
 
 
+def _call_problem(
+    q: torch.Tensor,
+    v: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    inplace_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
+    ssm_state_indices: torch.Tensor | None,
+) -> str | None:
+    """Why vLLM's call convention cannot be mapped onto the op, if it cannot."""
+    if initial_state is None:
+        return "initial_state: expected the state pool, got None"
+    if not inplace_final_state:
+        return "inplace_final_state: only True is supported"
+    if ssm_state_indices is None:
+        return "ssm_state_indices: expected a tensor, got None"
+    if q.dim() != 4 or v.dim() != 4:
+        return (
+            f"q, v: expected [B, T, H, K] and [B, T, HV, V], got {tuple(q.shape)}, {tuple(v.shape)}"
+        )
+    if cu_seqlens is not None and q.shape[0] != 1:
+        return f"q: batch size must be 1 with cu_seqlens, got {q.shape[0]}"
+    return None
+
+
 def _flatten_call(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -733,21 +757,13 @@ def _flatten_call(
     ssm_state_indices: torch.Tensor | None,
 ) -> tuple[torch.Tensor, ...]:
     """Map vLLM's ``[B, T, ...]`` call convention onto the op's flat one."""
-    if initial_state is None:
-        raise ValueError("initial_state: expected the state pool, got None")
-    if not inplace_final_state:
-        raise ValueError("inplace_final_state: only True is supported")
-    if ssm_state_indices is None:
-        raise ValueError("ssm_state_indices: expected a tensor, got None")
-    if q.dim() != 4 or v.dim() != 4:
-        raise ValueError(
-            f"q, v: expected [B, T, H, K] and [B, T, HV, V], got {tuple(q.shape)}, {tuple(v.shape)}"
-        )
+    problem = _call_problem(q, v, initial_state, inplace_final_state, cu_seqlens, ssm_state_indices)
+    if problem is not None:
+        raise ValueError(problem)
+    assert initial_state is not None and ssm_state_indices is not None
     B, T = q.shape[:2]
     if cu_seqlens is None:
         cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=q.device)
-    elif B != 1:
-        raise ValueError(f"q: batch size must be 1 with cu_seqlens, got {B}")
     # Gates may come as [B, T, HV]; rows are what the kernel indexes.
     return (
         a.flatten(0, -2) if a.dim() > 2 else a,

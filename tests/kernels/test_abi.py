@@ -18,7 +18,12 @@ from typing import Any
 import torch
 
 import gdn_backport_kernels
-from gdn_backport_kernels import gated_delta_rule_spec_update, spec_update_supported
+from gdn_backport_kernels import (
+    gated_delta_rule_spec_update,
+    gather_token_rows,
+    spec_update_supported,
+    use_spec_update,
+)
 
 SCHEMA_V1 = (
     "gdn_backport::gated_delta_rule_spec_update_v1("
@@ -36,6 +41,9 @@ ALL_V1 = [
     "gated_delta_rule_spec_update_v1",
     "spec_update_supported",
 ]
+# Added in ABI 1 for the guarded call site (issue 14): patched trees import
+# them, so they are frozen like the rest.
+ADDED_V1 = ["gather_token_rows", "use_spec_update"]
 # vLLM's fused_sigmoid_gating_delta_rule_update order (is_kda aside), then
 # our two required keyword-only arguments.
 WRAPPER_V1 = (
@@ -44,6 +52,11 @@ WRAPPER_V1 = (
     "ssm_state_indices=None, num_accepted_tokens=None, "
     "use_qk_l2norm_in_kernel=False, *, spec_token_indx, null_slot_id"
 )
+
+
+def _all_order(name: str) -> tuple[bool, str]:
+    """Ruff's ``__all__`` order: constants first, then the rest."""
+    return (not name.isupper(), name)
 
 
 def _params(fn: Callable[..., Any]) -> str:
@@ -61,8 +74,9 @@ def test_abi_version() -> None:
 
 
 def test_public_names() -> None:
-    assert gdn_backport_kernels.__all__ == ALL_V1
-    for name in ALL_V1:
+    # Names are only ever added: every released one stays.
+    assert gdn_backport_kernels.__all__ == sorted(ALL_V1 + ADDED_V1, key=_all_order)
+    for name in ALL_V1 + ADDED_V1:
         assert hasattr(gdn_backport_kernels, name), name
     assert SCHEMA_V1.split("(")[0] == gdn_backport_kernels.SPEC_UPDATE_OP
 
@@ -74,8 +88,11 @@ def test_op_schema_is_frozen() -> None:
 
 def test_wrapper_signature_is_frozen() -> None:
     assert _params(gated_delta_rule_spec_update) == WRAPPER_V1
-    # The capability check takes exactly the wrapper's arguments.
+    # The capability check and the call-site guard take exactly the
+    # wrapper's arguments.
     assert _params(spec_update_supported) == WRAPPER_V1
+    assert _params(use_spec_update) == WRAPPER_V1
+    assert _params(gather_token_rows) == "x, index"
 
 
 def test_imports_alone_without_gpu_or_tool() -> None:
