@@ -6,7 +6,9 @@ extracted release (``--vllm-tree``, e.g. the tree ``gdn-backport fetch``
 unpacks) with stand-ins for the one vLLM module it imports. Ours is
 ``gated_delta_rule_spec_update`` taking the ungathered gates and the token
 index (eager: its direct launch; under graph capture: the ``torch.library``
-op); "op" calls the registered op through the dispatcher; "baseline" is an
+op); "guarded" is the call site ``apply --strategy kernel`` writes (the
+``use_spec_update`` guard, then ours); "op" calls the registered op through
+the dispatcher; "baseline" is an
 earlier kernel package's launcher (``--baseline-kernels``), to compare
 against in the same process.
 
@@ -54,7 +56,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 import triton
 import triton.language as tl
 
-from gdn_backport_kernels import gated_delta_rule_spec_update, gated_delta_rule_spec_update_v1
+from gdn_backport_kernels import (
+    gated_delta_rule_spec_update,
+    gated_delta_rule_spec_update_v1,
+    gather_token_rows,
+    use_spec_update,
+)
 from gdn_backport_kernels.spec_update import (
     gated_delta_rule_spec_update_fwd,
 )
@@ -217,6 +224,25 @@ def paths(
             null_slot_id=null_slot_id,
         )
 
+    def guarded() -> Any:
+        # What `apply --strategy kernel` writes: the guard and the op each
+        # take the call's arguments; the fallback (never taken here: the op
+        # serves every case) is vLLM's kernel on gathered gates, or ours.
+        rows = x["spec_token_indx"]
+        return (
+            gated_delta_rule_spec_update(a=x["a"], b=x["b"], **common, **meta,
+                                         inplace_final_state=True, use_qk_l2norm_in_kernel=True,
+                                         spec_token_indx=rows, null_slot_id=null_slot_id)
+            if use_spec_update(a=x["a"], b=x["b"], **common, **meta, inplace_final_state=True,
+                               use_qk_l2norm_in_kernel=True, spec_token_indx=rows,
+                               null_slot_id=null_slot_id)
+            else (vllm_fn or gated_delta_rule_spec_update)(
+                a=gather_token_rows(x["a"], rows), b=gather_token_rows(x["b"], rows), **common,
+                **meta, inplace_final_state=True, use_qk_l2norm_in_kernel=True,
+                **({} if vllm_fn else {"spec_token_indx": None, "null_slot_id": null_slot_id}),
+            )
+        )  # fmt: skip
+
     def op() -> Any:
         # What a call through the dispatcher costs: the wrapper's slow path.
         q, k, v = x["q"][0], x["k"][0], x["v"][0]
@@ -242,6 +268,7 @@ def paths(
 
         out["vllm"] = vllm
     out["ours"] = ours
+    out["guarded"] = guarded
     out["op"] = op
     if baseline_fn is not None:
         base = baseline_fn
@@ -418,9 +445,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 fn()
                 row[f"{name}_us"] = (time.perf_counter() - t0) * 1e6
                 continue
-            if name != "op":
+            if name not in ("op", "guarded"):
                 row[f"{name}_graph_us"] = time_graph(fn)
-            if args.host_max_n >= case.N and name in ("vllm", "ours", "op"):
+            if args.host_max_n >= case.N and name in ("vllm", "ours", "guarded", "op"):
                 row[f"{name}_host_us"], row[f"{name}_host_iqr_us"] = time_host(
                     fn, args.host_calls, drain_every=args.host_drain_every
                 )
@@ -452,11 +479,13 @@ def table(rows: list[dict[str, Any]]) -> str:
             r["speedup"] = r["vllm_graph_us"] / r["ours_graph_us"]
         if "baseline_graph_us" in r and "ours_graph_us" in r:
             r["vs_baseline"] = r["baseline_graph_us"] / r["ours_graph_us"]
-        for name in ("vllm", "ours", "op"):
+        for name in ("vllm", "ours", "guarded", "op"):
             if f"{name}_host_us" in r:
                 r[f"{name}_host"] = f"{r[f'{name}_host_us']:.1f} ({r[f'{name}_host_iqr_us']:.1f})"
         if "vllm_host_us" in r and "ours_host_us" in r:
             r["host_ratio"] = r["ours_host_us"] / r["vllm_host_us"]
+        if "vllm_host_us" in r and "guarded_host_us" in r:
+            r["guarded_ratio"] = r["guarded_host_us"] / r["vllm_host_us"]
     cols = ["N", "tokens_per_req", "HV", "state_dtype", "MB", "roofline_us"]
     for key in (
         "vllm_graph_us",
@@ -470,10 +499,13 @@ def table(rows: list[dict[str, Any]]) -> str:
         "floor_roof",
         "vllm_host",
         "ours_host",
+        "guarded_host",
         "op_host",
         "host_ratio",
+        "guarded_ratio",
         "vllm_us",
         "ours_us",
+        "guarded_us",
         "op_us",
         "baseline_us",
     ):
@@ -514,6 +546,9 @@ def targets(rows: list[dict[str, Any]]) -> str:
                rs, "vs_baseline", lambda v: v >= 0.97, min, "{:.2f}x")  # fmt: skip
         report(f"[{sd}] eager host time, N<=8: ours <= 0.7x vLLM's path",
                [r for r in rs if r["N"] <= 8], "host_ratio", lambda v: v <= 0.7, max,
+               "{:.2f}x")  # fmt: skip
+        report(f"[{sd}] eager host time, N<=8: the guarded call site <= 0.7x vLLM's path",
+               [r for r in rs if r["N"] <= 8], "guarded_ratio", lambda v: v <= 0.7, max,
                "{:.2f}x")  # fmt: skip
     return "\n".join(lines)
 
