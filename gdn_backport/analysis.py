@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from gdn_backport.cst_nodes import code
 from gdn_backport.dataflow import (
     TENSOR_ATTRS,
     CallRecord,
@@ -44,7 +45,6 @@ from gdn_backport.dataflow import (
     Resolver,
     Scope,
     Vals,
-    code,
 )
 from gdn_backport.patchset import KernelSpec, Patchset
 from gdn_backport.provenance import GATHERED, NONE_VAL, Prov, Val, consistent

@@ -43,7 +43,7 @@ from typing import cast
 import libcst as cst
 
 from gdn_backport import atomic, sources
-from gdn_backport.dataflow import children_of, code, walk
+from gdn_backport.cst_nodes import children_of, code, walk
 from gdn_backport.report import table
 
 __all__ = [

@@ -30,14 +30,14 @@ whether their rows line up.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import libcst as cst
 
+from gdn_backport.cst_nodes import code, dotted, index_select_parts, names_in, walk
 from gdn_backport.patchset import Fields
 from gdn_backport.provenance import (
     GATHERED,
@@ -86,57 +86,8 @@ TENSOR_ATTRS = _META | frozenset(
 )  # fmt: skip
 # Above this many alternatives a value is no longer worth tracking precisely.
 _MAX_VALS = 256
-_EMPTY = cst.Module(body=[])
 # The condition of an arm no path takes (``x and not x``).
 _NEVER: Assume = frozenset({("<never>", True), ("<never>", False)})
-
-
-def code(node: cst.CSTNode) -> str:
-    return _EMPTY.code_for_node(node)
-
-
-def dotted(node: cst.BaseExpression) -> str | None:
-    """``a.b.c`` for a Name/Attribute chain, else None."""
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        inner = dotted(node.value)
-        return f"{inner}.{node.attr.value}" if inner else None
-    return None
-
-
-@dataclass(frozen=True)
-class IndexSelect:
-    """The arguments of ``x.index_select(dim, index)`` / ``torch.index_select(x, dim, index)``."""
-
-    base: cst.BaseExpression | None
-    dim: cst.BaseExpression | None
-    index: cst.BaseExpression | None
-    torch_form: bool  # called as torch.index_select(x, ...)
-
-
-def index_select_parts(
-    call: cst.Call, torch_names: Sequence[str] = ("torch",)
-) -> IndexSelect | None:
-    """How an ``index_select`` call binds its arguments, None for other calls."""
-    func = call.func
-    if not (isinstance(func, cst.Attribute) and func.attr.value == "index_select"):
-        return None
-    pos = [a.value for a in call.args if a.keyword is None and not a.star]
-    kw = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-    if dotted(func.value) in torch_names:
-        return IndexSelect(
-            pos[0] if pos else kw.get("input"),
-            pos[1] if len(pos) > 1 else kw.get("dim"),
-            pos[2] if len(pos) > 2 else kw.get("index"),
-            True,
-        )
-    return IndexSelect(
-        func.value,
-        pos[0] if pos else kw.get("dim"),
-        pos[1] if len(pos) > 1 else kw.get("index"),
-        False,
-    )
 
 
 # --- where calls go: the resolver seam ------------------------------------------
@@ -543,7 +494,7 @@ class FlowWalker:
             return f"{self.frame}:{node.value}@{self.version.get((self.frame, node.value), 0)}"
         if isinstance(node, cst.Attribute):
             return f"{self._canon(node.value, env, depth + 1)}.{node.attr.value}"
-        names = sorted({n.value for n in _names_in(node)})
+        names = sorted({n.value for n in names_in(node)})
         versions = ",".join(f"{n}@{self.version.get((self.frame, n), 0)}" for n in names)
         return f"{self.frame}:{''.join(code(node).split())}|{versions}"
 
@@ -919,7 +870,7 @@ class FlowWalker:
         while comp is not None:
             it = self.ev(comp.iter, inner)
             parts.append(it)
-            for n in _names_in(comp.target):
+            for n in names_in(comp.target):
                 inner[n.value] = frozenset({NONE_VAL})
             for cond in comp.ifs:
                 self.ev(cond.test, inner)
@@ -1306,26 +1257,6 @@ def _bind_params(
     return out
 
 
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def walk(node: cst.CSTNode, prune: type | tuple[type, ...] = ()) -> Iterator[cst.CSTNode]:
-    """Every node below ``node`` (itself first), depth first, source order.
-
-    Reads the dataclass fields directly: libcst's own visitor traversal
-    rebuilds each node it passes, which made analysis several times slower.
-    Nodes of a ``prune`` type are yielded but not entered.
-    """
-    stack: list[cst.CSTNode] = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        if prune and isinstance(current, prune):
-            continue
-        children = list(children_of(current))
-        stack.extend(reversed(children))
-
-
 def _object_params(func: cst.FunctionDef) -> set[str]:
     """Parameters that are not tensors: ``self``/``cls``, those annotated with
     something other than a Tensor, and those used with a non-tensor attribute."""
@@ -1345,44 +1276,6 @@ def _object_params(func: cst.FunctionDef) -> set[str]:
         ):
             objects.add(node.value.value)
     return objects
-
-
-def _names_in(node: cst.CSTNode) -> list[cst.Name]:
-    """Names read in ``node``: not an attribute's ``.attr``, not ``kw=`` keys."""
-    nodes = list(walk(node))
-    labels = {id(n.attr) for n in nodes if isinstance(n, cst.Attribute)}
-    labels |= {id(n.keyword) for n in nodes if isinstance(n, cst.Arg) and n.keyword}
-    return [n for n in nodes if isinstance(n, cst.Name) and id(n) not in labels]
-
-
-# Fields that hold only layout (whitespace, comments, punctuation): about two
-# thirds of a module's nodes, and nothing the analysis reads. Operators stay.
-_LAYOUT_FIELDS = frozenset(
-    {
-        "newline", "first_line", "last_line", "empty_lines", "trailing_whitespace",
-        "leading_lines", "lines_after_decorators", "header", "footer", "comment",
-        "lpar", "rpar", "lbracket", "rbracket", "lbrace", "rbrace",
-        "comma", "semicolon", "colon", "dot", "equal",
-    }
-)  # fmt: skip
-
-
-def children_of(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """The node's children that carry code (layout-only fields skipped)."""
-    kind = type(node)
-    names = _FIELDS.get(kind)
-    if names is None:
-        names = _FIELDS[kind] = tuple(
-            f.name
-            for f in dataclasses.fields(node)
-            if f.name not in _LAYOUT_FIELDS and not f.name.startswith("whitespace")
-        )
-    for name in names:
-        value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
-            yield value
-        elif isinstance(value, (list, tuple)):
-            yield from (v for v in value if isinstance(v, cst.CSTNode))
 
 
 def _sub_exprs(node: cst.CSTNode) -> list[cst.BaseExpression]:

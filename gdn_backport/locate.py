@@ -26,7 +26,7 @@ from pathlib import Path
 import libcst as cst
 
 from gdn_backport.atomic import STATE_DIR
-from gdn_backport.dataflow import children_of
+from gdn_backport.cst_nodes import children_of
 from gdn_backport.errors import UsageError
 from gdn_backport.patchset import Patchset
 

@@ -209,7 +209,7 @@ def _row_gathers(data: dict[str, Any], where: str) -> frozenset[str]:
     if not all(isinstance(n, str) and all(p.isidentifier() for p in n.split(".")) for n in names):
         raise UsageError(f"{where}: row_gather: key 'names' must list dotted names")
     if _names(table, "params", f"{where}: row_gather") != ("x", "index"):
-        raise UsageError(f"{where}: row_gather: params must be [\"x\", \"index\"]")
+        raise UsageError(f'{where}: row_gather: params must be ["x", "index"]')
     return frozenset(names)
 
 

@@ -28,7 +28,8 @@ from libcst.codemod import Codemod, CodemodContext, SkipFile
 
 from gdn_backport import locate
 from gdn_backport.analysis import SpecCall, Status, Walk
-from gdn_backport.dataflow import Def, Flow, Frame, Resolver, _names_in, walk
+from gdn_backport.cst_nodes import code, names_in, walk
+from gdn_backport.dataflow import Def, Flow, Frame, Resolver
 from gdn_backport.patchset import Patchset, for_tree
 from gdn_backport.provenance import Prov, Val, consistent
 from gdn_backport.resolve import ModuleInfo, TreeIndex
@@ -56,10 +57,6 @@ class Plan:
     edits: dict[int, Edit] = field(default_factory=dict)
 
 
-def code_of(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)
-
-
 def live(vals: frozenset[Val], path: frozenset[tuple[str, bool]]) -> list[Val]:
     return [v for v in vals if consistent(v.assume, path) is not None]
 
@@ -73,7 +70,7 @@ def where(call: SpecCall) -> str:
 
 
 def _reads(expr: cst.BaseExpression | None, name: str) -> bool:
-    return expr is not None and any(n.value == name for n in _names_in(expr))
+    return expr is not None and any(n.value == name for n in names_in(expr))
 
 
 def _is_selection(stmt: cst.BaseStatement) -> bool:
@@ -233,10 +230,10 @@ class Planner:
             if not (isinstance(value, cst.Name) and value.value in helper.bindings):
                 raise Refusal(
                     f"{helper.qualname} does not hand its caller's gate straight on "
-                    f"(it passes {code_of(arg.value)})"
+                    f"(it passes {code(arg.value)})"
                 )
             param = value.value
-            uses = [n for n in _names_in(helper.func.body) if n.value == param]
+            uses = [n for n in names_in(helper.func.body) if n.value == param]
             if len(uses) != 1:
                 raise Refusal(
                     f"{helper.qualname} uses its parameter `{param}` beyond passing it to "
@@ -267,10 +264,10 @@ class Planner:
     ) -> None:
         """Plan ``target = value`` after ``after``'s line (or its run);
         ``expect``: names that must hold there what the kernel call sees."""
-        reads = sorted({n.value for n in _names_in(value)})
+        reads = sorted({n.value for n in names_in(value)})
         anchor = self.anchor(after.stmt, reads, expect)
         line = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(target))], value)])
-        if not any(code_of(x) == code_of(line) for x in plan.inserts[id(anchor)]):
+        if not any(code(x) == code(line) for x in plan.inserts[id(anchor)]):
             plan.inserts[id(anchor)].append(line)
 
 
@@ -395,7 +392,7 @@ class SiteCodemod(Codemod):
                 func = select.func
                 planner = planners.get((id(w.flow), select.id))
                 if planner is None:
-                    shared = names.setdefault(id(func), Names({n.value for n in _names_in(func)}))
+                    shared = names.setdefault(id(func), Names({n.value for n in names_in(func)}))
                     planner = planners[(id(w.flow), select.id)] = Planner(
                         func, w.flow, select, shared
                     )

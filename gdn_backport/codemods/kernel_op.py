@@ -11,17 +11,10 @@ from libcst.codemod.visitors import AddImportsVisitor
 
 from gdn_backport import locate
 from gdn_backport.analysis import SpecCall
+from gdn_backport.codemods import examples as ex
 from gdn_backport.codemods.base import Plan, Planner, Refusal, SiteCodemod, live
-from gdn_backport.codemods.gather_gates import (
-    _MASKED,
-    _ONE_GATE,
-    _UPSTREAM_SHAPE,
-    _UPSTREAM_SHAPE_FIXED,
-    _WRAPPED_KERNEL,
-    check_gate,
-    gate_name,
-)
-from gdn_backport.dataflow import code, index_select_parts, walk
+from gdn_backport.codemods.gather_gates import check_gate, gate_name
+from gdn_backport.cst_nodes import code, index_select_parts, walk
 from gdn_backport.provenance import Prov
 
 MODULE = "gdn_backport_kernels"
@@ -39,10 +32,6 @@ _PURE_METHODS = frozenset(
     {"contiguous", "view", "view_as", "reshape", "flatten", "unflatten", "squeeze",
      "unsqueeze", "transpose", "permute", "narrow", "select", "expand", "to", "float", "clone",
      "half", "bfloat16", "int", "long", "size", "dim", "numel"}
-)  # fmt: skip
-_PURE_LEAVES = (
-    cst.Name, cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString,
-    cst.FormattedString, cst.Ellipsis,
 )  # fmt: skip
 
 
@@ -191,92 +180,6 @@ def null_slot_id(tree: Path) -> int:
     return next(iter(rules))
 
 
-_UPSTREAM_SHAPE_SWAPPED = """\
-from gdn_backport_kernels import gated_delta_rule_spec_update, gather_token_rows, use_spec_update
-
-class Layer:
-    def _forward_core(self, mixed_qkv, b, a, core_attn_out):
-        m = get_forward_context().attn_metadata[self.prefix]
-        spec_sequence_masks = m.spec_sequence_masks
-        spec_token_indx = m.spec_token_indx
-        non_spec_token_indx = m.non_spec_token_indx
-        spec_state_indices_tensor = m.spec_state_indices_tensor
-        non_spec_state_indices_tensor = m.non_spec_state_indices_tensor
-        ssm_state = self.kv_cache[1]
-        if spec_sequence_masks is not None:
-            if m.num_prefills == 0 and m.num_decodes == 0:
-                mixed_qkv_spec = mixed_qkv
-                mixed_qkv_non_spec = None
-                spec_token_rows = None
-            else:
-                mixed_qkv_spec = mixed_qkv.index_select(0, spec_token_indx)
-                mixed_qkv_non_spec = mixed_qkv.index_select(0, non_spec_token_indx)
-                spec_token_rows = spec_token_indx
-        else:
-            mixed_qkv_spec = None
-            mixed_qkv_non_spec = mixed_qkv
-        query_spec, key_spec, value_spec = self.rearrange_mixed_qkv(mixed_qkv_spec)
-        query, key, value = self.rearrange_mixed_qkv(mixed_qkv_non_spec)
-        if spec_sequence_masks is not None:
-            out_spec, _ = (
-                gated_delta_rule_spec_update(
-                    A_log=self.A_log,
-                    a=a,  # the gate rows the bug is about
-                    b=b,
-                    dt_bias=self.dt_bias,
-                    q=query_spec,
-                    k=key_spec,
-                    v=value_spec,
-                    initial_state=ssm_state,
-                    ssm_state_indices=spec_state_indices_tensor,
-                    num_accepted_tokens=m.num_accepted_tokens,
-                    spec_token_indx=spec_token_rows,
-                    null_slot_id=0,
-                )
-                if use_spec_update(
-                    A_log=self.A_log,
-                    a=a,  # the gate rows the bug is about
-                    b=b,
-                    dt_bias=self.dt_bias,
-                    q=query_spec,
-                    k=key_spec,
-                    v=value_spec,
-                    initial_state=ssm_state,
-                    ssm_state_indices=spec_state_indices_tensor,
-                    num_accepted_tokens=m.num_accepted_tokens,
-                    spec_token_indx=spec_token_rows,
-                    null_slot_id=0,
-                )
-                else fused_sigmoid_gating_delta_rule_update(
-                    A_log=self.A_log,
-                    a=gather_token_rows(a, spec_token_rows),  # the gate rows the bug is about
-                    b=gather_token_rows(b, spec_token_rows),
-                    dt_bias=self.dt_bias,
-                    q=query_spec,
-                    k=key_spec,
-                    v=value_spec,
-                    initial_state=ssm_state,
-                    ssm_state_indices=spec_state_indices_tensor,
-                    num_accepted_tokens=m.num_accepted_tokens,
-                )
-            )
-        if m.num_decodes > 0:
-            # The non-spec decode call: its a=a, b=b is right and stays.
-            out, _ = fused_sigmoid_gating_delta_rule_update(
-                A_log=self.A_log, a=a, b=b, dt_bias=self.dt_bias,
-                q=query, k=key, v=value, initial_state=ssm_state,
-                ssm_state_indices=non_spec_state_indices_tensor,
-            )
-"""
-
-
-# A call in an argument (``next_accepted(m)``): evaluated by the guard and
-# again by the branch, it might run twice.
-_CALL_IN_ARGUMENT = _UPSTREAM_SHAPE.replace(
-    "num_accepted_tokens=m.num_accepted_tokens", "num_accepted_tokens=next_accepted(m)"
-)
-
-
 class KernelOpCodemod(SiteCodemod):
     """Swap each affected spec-kernel call for ``gdn_backport_kernels``' op.
 
@@ -373,11 +276,13 @@ class KernelOpCodemod(SiteCodemod):
 
     # Examples (tests/test_codemods.py), run with the slot rule given.
     EXAMPLE_ARGS: ClassVar[dict[str, Any]] = {"null_slot_id": 0}
-    REWRITES: ClassVar[tuple[tuple[str, str], ...]] = ((_UPSTREAM_SHAPE, _UPSTREAM_SHAPE_SWAPPED),)
-    UNCHANGED: ClassVar[tuple[str, ...]] = (_UPSTREAM_SHAPE_SWAPPED, _UPSTREAM_SHAPE_FIXED)
+    REWRITES: ClassVar[tuple[tuple[str, str], ...]] = (
+        (ex.UPSTREAM_SHAPE, ex.UPSTREAM_SHAPE_SWAPPED),
+    )
+    UNCHANGED: ClassVar[tuple[str, ...]] = (ex.UPSTREAM_SHAPE_SWAPPED, ex.UPSTREAM_SHAPE_FIXED)
     REFUSES: ClassVar[tuple[tuple[str, str], ...]] = (
-        (_MASKED, "use --strategy gather"),
-        (_ONE_GATE, "already gathered"),
-        (_WRAPPED_KERNEL, "not a known kernel"),
-        (_CALL_IN_ARGUMENT, "evaluates its arguments twice"),
+        (ex.MASKED, "use --strategy gather"),
+        (ex.ONE_GATE, "already gathered"),
+        (ex.WRAPPED_KERNEL, "not a known kernel"),
+        (ex.CALL_IN_ARGUMENT, "evaluates its arguments twice"),
     )
