@@ -32,16 +32,18 @@ TORCH = os.environ.get("GDN_BACKPORT_TORCH", "torch==2.13.0")
 # block pointers (gone in triton 3.9); 3.6 is also what the GPU machines have.
 TRITON = os.environ.get("GDN_BACKPORT_TRITON", "triton==3.6.0")
 
-# The matrix as data. The noxfile must load without the package installed,
-# so the strategy rule of gdn_backport.matrix is restated here (one line);
-# tests/test_noxfile.py holds both to the same cells.
+# The matrix and the strategies as data. The noxfile must load without the
+# package installed, so the strategy rule of gdn_backport.matrix (an affected
+# release runs every strategy of the patchset, the rest "none") is restated
+# here (one line); tests/test_noxfile.py holds both to the same cells.
 MATRIX = nox.project.load_toml(Path(__file__).parent / "matrix" / "releases.toml")
+PATCHSET = nox.project.load_toml(Path(__file__).parent / "patchsets" / "pr51812.toml")
 
 
 def _cells() -> list[nox.param]:
     params = []
     for r in MATRIX["release"]:
-        strategies = ("gather", "kernel") if r["status"] == "affected" else ("none",)
+        strategies = PATCHSET["strategies"] if r["status"] == "affected" else ["none"]
         for s in strategies:
             # wheel_only releases (0.15.x, ~500 MB wheels) run only when named.
             tags = ["wheel-only"] if r.get("wheel_only") else ["cells", "gpu", r["status"], s]

@@ -24,6 +24,7 @@ from gdn_backport import matrix, sources
 from gdn_backport.analysis import Status
 from gdn_backport.engine import Mode, apply_tree
 from gdn_backport.harness.scenarios import SCENARIOS
+from gdn_backport.patchset import load as load_patchset
 from gdn_backport.report import table
 from gdn_backport.verify import verify_tree
 
@@ -68,7 +69,7 @@ def main() -> None:
     for release in releases:
         variants: list[tuple[str, Path]] = [("unpatched", sources.release_tree(release.version))]
         if release.status is Status.AFFECTED:
-            for strategy in args.strategy or ["gather", "kernel"]:
+            for strategy in args.strategy or load_patchset().strategies:
                 dest = sources.copy_release(release.version, work / f"{release.version}-{strategy}")
                 out = apply_tree(dest, strategy, Mode.WRITE)
                 assert out.written and out.exit_code == 0, (release.version, strategy, out.refused)

@@ -44,6 +44,7 @@ import libcst as cst
 
 from gdn_backport import atomic, sources
 from gdn_backport.cst_nodes import children_of, code, walk
+from gdn_backport.patchset import load as load_patchset
 from gdn_backport.report import table
 
 __all__ = [
@@ -68,7 +69,7 @@ __all__ = [
 KERNEL = "fused_sigmoid_gating_delta_rule_update"
 # The kernel's parameters in order (the same in every affected release).
 KERNEL_PARAMS = ("A_log", "a", "b", "dt_bias", "q", "k", "v")
-STRATEGIES = ("gather", "kernel")
+STRATEGIES = load_patchset().strategies
 
 
 class CorpusError(Exception):

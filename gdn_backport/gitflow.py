@@ -27,6 +27,7 @@ from pathlib import Path
 import git
 
 from gdn_backport import __version__, atomic
+from gdn_backport.codemods import registry
 from gdn_backport.engine import Mode, Outcome, apply_tree, revert_tree
 from gdn_backport.errors import UsageError
 from gdn_backport.patchset import load
@@ -38,10 +39,6 @@ __all__ = ["GitResult", "apply_git", "commit_message", "default_branch"]
 SUMMARY = "spec-decode gate rows (Gated DeltaNet)"
 # File names are names, not pathspec patterns.
 LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}
-STRATEGIES = {
-    "gather": "gather (gate rows a/b gathered by the spec token index, as upstream)",
-    "kernel": "kernel (the spec call goes to gdn_backport_kernels' op)",
-}
 
 
 @dataclass
@@ -152,7 +149,7 @@ def commit_message(
         "",
         f"Upstream: {ps.upstream}",
         f"  {ps.title}",
-        f"Strategy: {STRATEGIES.get(strategy, strategy)}",
+        f"Strategy: {registry.describe(strategy)}",
         f"Tool: gdn-backport {__version__}",
         f"vLLM version: {vllm}",
         "",

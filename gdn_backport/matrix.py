@@ -34,6 +34,7 @@ from packaging.version import InvalidVersion, Version
 from gdn_backport import __version__, sources
 from gdn_backport.analysis import Status
 from gdn_backport.errors import UsageError
+from gdn_backport.patchset import load as load_patchset
 from gdn_backport.report import table
 from gdn_backport.scan import Site, scan_tree
 from gdn_backport.verify import VerifyReport, verify_tree
@@ -44,7 +45,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 WHERE = "matrix/releases.toml"
-STRATEGIES = ("none", "gather", "kernel")
+# "none": an unaffected release runs unpatched; the rest are the patchset's.
+STRATEGIES = ("none", *load_patchset().strategies)
 # A realistic GDN layer for GPU runs (key heads, value heads, head dim).
 GPU_HEADS = (16, 32, 128)
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
@@ -64,7 +66,7 @@ class Release:
     @property
     def strategies(self) -> tuple[str, ...]:
         """The matrix cells of this release: patch only what is affected."""
-        return ("gather", "kernel") if self.status is Status.AFFECTED else ("none",)
+        return STRATEGIES[1:] if self.status is Status.AFFECTED else ("none",)
 
 
 @dataclass(frozen=True)

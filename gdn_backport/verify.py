@@ -21,11 +21,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["ScenarioRow", "VerifyReport", "triton_problem", "verify_tree"]
+__all__ = ["ScenarioResult", "VerifyReport", "triton_problem", "verify_tree"]
 
 
-@dataclass(frozen=True)
-class ScenarioRow:
+@dataclass
+class ScenarioResult:
+    """One scenario's outcome: the worst error over its oracles (``errors``,
+    by oracle) against the dtype's tolerance. Defined here, without torch,
+    so that reports load where the suite cannot run (``matrix`` scans)."""
+
     name: str
     tag: str
     layout: str
@@ -33,6 +37,7 @@ class ScenarioRow:
     tolerance: float
     passed: bool
     note: str = ""
+    errors: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -41,7 +46,7 @@ class VerifyReport:
     site: str
     device: str
     dtype: str
-    rows: list[ScenarioRow] = field(default_factory=list)
+    rows: list[ScenarioResult] = field(default_factory=list)
     error: str = ""  # the harness could not drive the tree: why
 
     @property
@@ -156,7 +161,7 @@ def verify_tree(
             except Exception as exc:
                 # The tree's own code raised on this batch: a failure, with why.
                 report.rows.append(
-                    ScenarioRow(
+                    ScenarioResult(
                         name=item.name,  # type: ignore[attr-defined]
                         tag=item.tag,  # type: ignore[attr-defined]
                         layout=item.layout(),  # type: ignore[attr-defined]
@@ -167,17 +172,7 @@ def verify_tree(
                     )
                 )
                 continue
-            report.rows.append(
-                ScenarioRow(
-                    name=result.name,
-                    tag=result.tag,
-                    layout=result.layout,
-                    max_abs_err=result.max_abs_err,
-                    tolerance=result.tolerance,
-                    passed=result.passed,
-                    note=result.note,
-                )
-            )
+            report.rows.append(result)
     except (HarnessError, KeyError) as exc:
         report.error = str(exc)
     return report

@@ -425,7 +425,8 @@ def test_gpu_runs_pin_each_autotuner_to_its_first_config() -> None:
     interpreted()
     from triton.runtime.autotuner import Autotuner
 
-    from gdn_backport.harness.loader import load_tree, pin_autotuners
+    from gdn_backport.harness.loader import load_tree
+    from gdn_backport.harness.triton_runtime import pin_autotuners
 
     loaded = load_tree(release_tree("0.27.1"))
     tuners = [
@@ -486,7 +487,7 @@ def test_constexprs_are_taken_out_of_do_not_specialize(tmp_path: Path) -> None:
     (tmp_path / "kmod.py").write_text(_KERNEL_MODULE, encoding="utf-8")
     script = (
         "import kmod\n"
-        "from gdn_backport.harness.loader import unlist_specialized_constexprs\n"
+        "from gdn_backport.harness.triton_runtime import unlist_specialized_constexprs\n"
         "flags = lambda: [p.do_not_specialize for p in kmod.kernel.params]\n"
         "before = flags()\n"
         "print(before, unlist_specialized_constexprs([kmod]), flags())\n"

@@ -15,7 +15,7 @@ from gdn_backport.analysis import Status
 from gdn_backport.cli import main
 from gdn_backport.errors import UsageError
 from gdn_backport.scan import Site
-from gdn_backport.verify import ScenarioRow, VerifyReport
+from gdn_backport.verify import ScenarioResult, VerifyReport
 from tests.harness_fixtures import interpreted
 
 
@@ -181,7 +181,7 @@ def test_tree_at_a_git_ref_is_read_from_git_not_the_working_copy(
 
 
 def _report(*rows: tuple[str, bool, float], error: str = "") -> VerifyReport:
-    made = [ScenarioRow(n, "tag", "[N1, S3]", err, 0.02, ok, "") for n, ok, err in rows]
+    made = [ScenarioResult(n, "tag", "[N1, S3]", err, 0.02, ok, "") for n, ok, err in rows]
     return VerifyReport("t", "s", "cpu", "float16", made, error)
 
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from gdn_backport.harness.batch import Batch, Row
 from gdn_backport.harness.scenarios import Scenario
-from gdn_backport.verify import ScenarioRow, VerifyReport, verify_tree
+from gdn_backport.verify import ScenarioResult, VerifyReport, verify_tree
 from tests.harness_fixtures import interpreted, patched_copy, release_tree
 
 AFFECTED = ("0.18.1", "0.21.0", "0.27.1")
@@ -32,7 +32,7 @@ def patched_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("patched")
 
 
-def _rows(report: VerifyReport) -> dict[str, ScenarioRow]:
+def _rows(report: VerifyReport) -> dict[str, ScenarioResult]:
     assert not report.error, report.error
     return {r.name: r for r in report.rows}
 
@@ -41,13 +41,13 @@ def _rows(report: VerifyReport) -> dict[str, ScenarioRow]:
 
 
 def test_report_json_and_table_and_exit_codes() -> None:
-    row = ScenarioRow("pr_layout", "tag", "[N1, S3@2]", 0.5, 0.01, False, "why")
+    row = ScenarioResult("pr_layout", "tag", "[N1, S3@2]", 0.5, 0.01, False, "why")
     report = VerifyReport(tree="t", site="s", device="cpu", dtype="float16", rows=[row])
     doc = json.loads(report.to_json())
     assert doc["passed"] is False and doc["exit_code"] == 1
     assert doc["rows"][0]["max_abs_err"] == 0.5
     assert "FAIL" in report.table() and "pr_layout" in report.table()
-    ok = VerifyReport("t", "s", "cpu", "float16", [ScenarioRow("a", "t", "l", 0.0, 0.01, True)])
+    ok = VerifyReport("t", "s", "cpu", "float16", [ScenarioResult("a", "t", "l", 0.0, 0.01, True)])
     assert ok.exit_code == 0
     broken = VerifyReport("t", "", "cpu", "float16", error="no vllm/")
     assert broken.exit_code == 2 and "error" in broken.table()

@@ -82,7 +82,7 @@ class GatherGatesCodemod(SiteCodemod):
     come out aligned; anything else leaves the file untouched.
     """
 
-    DESCRIPTION: str = "Backport vLLM PR #51812: gather GDN spec-kernel gate rows."
+    DESCRIPTION: str = "gate rows a/b gathered by the spec token index, as upstream"
 
     def plan_call(self, planner: Planner, call: SpecCall, plan: Plan) -> None:
         for gate in call.gates:

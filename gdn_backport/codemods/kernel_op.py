@@ -203,7 +203,7 @@ class KernelOpCodemod(SiteCodemod):
     ``gdn-backport`` (its ``gdn_backport_kernels``) installed.
     """
 
-    DESCRIPTION: str = "Backport vLLM PR #51812 by calling gdn_backport_kernels' op."
+    DESCRIPTION: str = "the spec call goes to gdn_backport_kernels' op"
 
     def __init__(self, *args: Any, null_slot_id: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

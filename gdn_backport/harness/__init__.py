@@ -2,7 +2,8 @@
 
 One job per module: :mod:`.loader` (the tree's GDN module and kernels from
 source, stand-ins for the rest of vLLM), :mod:`.standins`,
-:mod:`.interpreter` (Triton interpreter fixes for CPU runs), :mod:`.batch`
+:mod:`.interpreter` (Triton interpreter fixes for CPU runs),
+:mod:`.triton_runtime` (compiled-Triton shims for GPU runs), :mod:`.batch`
 (batch descriptions), :mod:`.metadata` (the metadata the method reads),
 :mod:`.layer` (the layer object and its state pools), :mod:`.reference`
 (float64 oracle), :mod:`.scenarios` and :mod:`.suite` (oracles, results).

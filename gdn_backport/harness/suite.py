@@ -28,7 +28,7 @@ import contextlib
 import functools
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,6 +48,7 @@ from gdn_backport.harness.loader import LoadedTree
 from gdn_backport.harness.metadata import build_metadata, metadata_fields
 from gdn_backport.harness.reference import reference_step
 from gdn_backport.harness.scenarios import Scenario
+from gdn_backport.verify import ScenarioResult
 
 __all__ = ["TOLERANCES", "ScenarioResult", "SuiteRunner"]
 
@@ -63,18 +64,6 @@ _SPEC_KERNELS = (
     "gated_delta_rule_spec_update",
 )
 _GATE_KERNELS = (_SPEC_KERNELS[0], _SPEC_KERNELS[2])
-
-
-@dataclass
-class ScenarioResult:
-    name: str
-    tag: str
-    layout: str
-    max_abs_err: float
-    tolerance: float
-    passed: bool
-    note: str = ""
-    errors: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
