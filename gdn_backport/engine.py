@@ -22,16 +22,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst as cst
-from libcst.codemod import SkipFile
 
 from gdn_backport import __version__, atomic, locate
-from gdn_backport.analysis import Status
+from gdn_backport.analysis import Status, Walk
 from gdn_backport.codemods import registry
-from gdn_backport.codemods.base import Entry
-from gdn_backport.errors import UsageError
+from gdn_backport.codemods.base import Key, Rewrite
+from gdn_backport.errors import Refusal, UsageError
 from gdn_backport.patchset import Patchset, for_tree
 from gdn_backport.records import Record, Records, sha256
-from gdn_backport.scan import Site, analyse_tree, relative, scan_tree_full, sites_of, tree_root
+from gdn_backport.scan import (
+    Site,
+    TreeScan,
+    analyse_tree,
+    relative,
+    scan_tree_full,
+    sites_of,
+    tree_root,
+)
 from gdn_backport.sites import TreeAnalysis
 
 # A rewrite parses, regenerates and proves the whole module: about a minute
@@ -118,42 +125,14 @@ def _diff(rel: str, old: str, new: str) -> str:
     )
 
 
-def _rewrite(
-    strategy: str,
-    path: Path,
-    text: str,
-    root: Path,
-    patchset: Patchset,
-    entries: list[Entry],
-) -> str | None:
-    """The rewritten source, None if nothing to do; UsageError on refusal.
-
-    The same steps as ``libcst.codemod.transform_module``, minus a second
-    code generation: the codemod hands back the text it proved.
-    """
-    codemod = registry.codemod(
-        strategy, source=text, tree=root, path=path, patchset=patchset, entries=entries
-    )
-    try:
-        new_tree = codemod.transform_module(cst.parse_module(text))
-    except SkipFile:
-        return None
-    except Exception as exc:
-        # Whatever went wrong inside the codemod, the file is not written.
-        raise UsageError(f"{path}: refused: {exc}") from exc
-    rewritten = getattr(codemod, "rewritten", None)
-    return rewritten if isinstance(rewritten, str) else new_tree.code
-
-
-def _entries(analysis: TreeAnalysis, rel: str) -> list[Entry]:
-    """The entry functions whose walks reach a site function of ``rel``."""
-    found: list[Entry] = []
-    for fn, walk in analysis.walks:
-        if any(c.select is not None and c.select.key[0] == rel for c in walk.calls):
-            entry = (fn.module.path, fn.qualname, fn.occurrence)
-            if entry not in found:
-                found.append(entry)
-    return found
+def _walks_into(analysis: TreeAnalysis, key: str) -> list[Walk]:
+    """The walks of the tree's analysis that reach a site function of the
+    module ``key`` (from entries anywhere in the tree)."""
+    return [
+        w
+        for _, w in analysis.walks
+        if any(c.select is not None and c.select.key[0] == key for c in w.calls)
+    ]
 
 
 # Called with the run so far and every (file, new bytes) once all files are
@@ -201,6 +180,7 @@ def _apply(
     patchset: Patchset,
 ) -> Outcome:
     out = Outcome(root)
+    # The codemods plan from this analysis: no file is analysed twice.
     scanned = scan_tree_full(path, patchset, root)
     before = scanned.sites
     by_file: dict[str, list[Site]] = {}
@@ -216,16 +196,18 @@ def _apply(
             todo.append(rel)
     staged: list[Staged] = []
     texts: dict[Path, str] = {}  # tree path -> rewritten text
+    rewritten: set[Key] = set()  # the site functions the codemods changed
     if mode is not Mode.CHECK and not out.refused:
         for rel in todo:
-            staged_one = _stage(rel, strategy, root, patchset, scanned.analysis, scanned.links, out)
+            staged_one = _stage(rel, strategy, root, scanned, out)
             if staged_one is not None:
-                file, text, item = staged_one
-                texts[file] = text
+                file, result, item = staged_one
+                texts[file] = result.text
+                rewritten |= result.sites
                 staged.append(item)
     after = before
     if staged and not out.refused:
-        after = _prove_tree(path, root, patchset, texts, out)
+        after = _prove_tree(path, root, patchset, texts, rewritten, out)
     for s in before:
         out.changes.append(SiteChange(s, _match(after, s), False))
     if before_write is not None and staged and not out.refused and mode is not Mode.CHECK:
@@ -252,18 +234,13 @@ def _apply(
 
 
 def _stage(
-    rel: str,
-    strategy: str,
-    root: Path,
-    patchset: Patchset,
-    analysis: TreeAnalysis,
-    links: dict[Path, Path],
-    out: Outcome,
-) -> tuple[Path, str, Staged] | None:
-    """Rewrite one file with an affected site: (its tree path, the new text,
-    what to write), or None with the refusal added to ``out``."""
+    rel: str, strategy: str, root: Path, scanned: TreeScan, out: Outcome
+) -> tuple[Path, Rewrite, Staged] | None:
+    """Rewrite one file with an affected site from the tree's analysis: (its
+    tree path, the rewrite, what to write), or None with the refusal added
+    to ``out``. The rewrite is proven with the whole tree, afterwards."""
     file = root / rel
-    link = links.get(file)
+    link = scanned.links.get(file)
     dest = file if link is None else _inside(link, root)
     if dest is None:
         why = f"is a symbolic link to {link} outside the tree; patch the target's own tree"
@@ -275,35 +252,76 @@ def _stage(
         out.refused.append((rel, f"{size:.1f} MiB is too large to rewrite (limit {limit:.0f} MiB)"))
         return None
     text = locate.decode(file, original)
+    index = scanned.analysis.index
+    module = index.modules.get(rel)
+    if module is None or module.text != text:
+        raise UsageError(f"{file}: changed on disk while gdn-backport ran")
+    codemod = registry.codemod(
+        strategy,
+        source=text,
+        tree=root,
+        path=file,
+        patchset=index.patchset,
+        walks=_walks_into(scanned.analysis, rel),
+        module_key=rel,
+    )
     try:
-        new = _rewrite(strategy, file, text, root, patchset, _entries(analysis, rel))
-    except UsageError as exc:
-        out.refused.append((rel, str(exc).split(": refused: ", 1)[-1]))
+        result = codemod.rewrite(cst.parse_module(text))
+    except Refusal as exc:
+        out.refused.append((rel, exc.reason))
         return None
-    if new is None or new == text:
+    except Exception as exc:
+        # Whatever went wrong inside the codemod, the file is not written.
+        out.refused.append((rel, str(exc)))
+        return None
+    if result is None or result.text == text:
         raise UsageError(f"{file}: the codemod found nothing to rewrite at an affected site")
     try:
         # The file's own encoding (its PEP 263 declaration, its UTF-8
         # byte-order mark, which ``locate.decode`` strips to parse).
-        data = locate.encode(file, new, original)
-    except UsageError as exc:
-        out.refused.append((rel, str(exc).split(": ", 1)[-1]))
+        data = locate.encode(file, result.text, original)
+    except Refusal as exc:
+        out.refused.append((rel, exc.reason))
         return None
-    out.diff += _diff(rel, text, new)
-    return file, new, (dest, relative(dest, root), original, data)
+    out.diff += _diff(rel, text, result.text)
+    return file, result, (dest, relative(dest, root), original, data)
 
 
 def _prove_tree(
-    path: Path, root: Path, patchset: Patchset, texts: dict[Path, str], out: Outcome
+    path: Path,
+    root: Path,
+    patchset: Patchset,
+    texts: dict[Path, str],
+    rewritten: set[Key],
+    out: Outcome,
 ) -> list[Site]:
-    """The whole tree analysed again with every rewrite in place: no site may
-    be left affected or unknown (a helper shared across files, a caller in
-    another file). Refuses on ``out`` otherwise; the sites after."""
-    after = sites_of(analyse_tree(path, patchset, texts, root=root))
-    for s in after:
+    """The proof, once for every rewrite: each rewritten file compiles, and
+    the whole tree analysed again with every rewrite in place has each
+    rewritten site aligned and no site left affected or unknown (a helper
+    shared across files, a caller in another file). Refuses on ``out``
+    otherwise; the sites after."""
+    for file, text in texts.items():
+        try:
+            compile(locate.parse_ast(file, text), str(file), "exec")
+        except (SyntaxError, UsageError) as exc:
+            out.refused.append((relative(file, root), f"the rewrite does not compile: {exc}"))
+    if out.refused:
+        return []
+    analysis = analyse_tree(path, patchset, texts, root=root)
+    for key in sorted(rewritten):
+        site = analysis.sites.get(key)
+        if site is None:
+            out.refused.append(
+                (key[0], f"{key[1]}: the rewritten site disappeared from the analysis")
+            )
+    after = sites_of(analysis)
+    for key, s in zip(analysis.sites, after, strict=True):
         if s.status in (Status.AFFECTED, Status.UNKNOWN):
             chain = f" ({s.chain})" if s.via else ""
-            why = f"after the rewrite still {s.status.value}: {s.reason}"
+            if key in rewritten:
+                why = f"the rewrite does not prove aligned ({s.status.value}: {s.reason})"
+            else:
+                why = f"after the rewrite still {s.status.value}: {s.reason}"
             out.refused.append((s.path, f"{s.function}{chain}: {why}"))
     return after
 

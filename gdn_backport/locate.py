@@ -27,7 +27,7 @@ import libcst as cst
 
 from gdn_backport.atomic import STATE_DIR
 from gdn_backport.cst_nodes import children_of
-from gdn_backport.errors import UsageError
+from gdn_backport.errors import Refusal, UsageError
 from gdn_backport.patchset import Patchset
 
 BOM = b"\xef\xbb\xbf"
@@ -272,15 +272,16 @@ def encode(path: Path, text: str, like: bytes) -> bytes:
         return text.encode(encoding)
     except UnicodeEncodeError as exc:
         bad = exc.object[exc.start : exc.end]
-        raise UsageError(
-            f"{path}: the rewrite holds {bad!r}, which the file's encoding "
-            f"{encoding} cannot hold; nothing was written"
+        raise Refusal(
+            f"the rewrite holds {bad!r}, which the file's encoding "
+            f"{encoding} cannot hold; nothing was written",
+            path,
         ) from exc
 
 
 @functools.lru_cache(maxsize=64)
 def _parse(text: str) -> ast.Module:
-    # apply parses the same text up to three times (scan, plan, proof).
+    # apply parses a text twice: the scan, then the proof's compile.
     return ast.parse(text)
 
 

@@ -12,6 +12,7 @@ extends them. Nothing of the target is ever executed: see the last test.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import json
@@ -30,6 +31,7 @@ import pytest
 
 from gdn_backport import atomic, engine, sources
 from gdn_backport.cli import main
+from gdn_backport.codemods.base import Rewrite, SiteCodemod
 from gdn_backport.codemods.gather_gates import GatherGatesCodemod
 from tests.conftest import AFFECTED, FIXED
 from tests.test_engine import SITE
@@ -282,13 +284,16 @@ def test_a_rewrite_the_declared_encoding_cannot_hold_is_refused(
 ) -> None:
     target = affected_tree / SITE
     target.write_bytes(("# -*- coding: ascii -*-\n" + AFFECTED).encode())
-    real = engine._rewrite
+    real = SiteCodemod.rewrite
 
-    def rewrite(strategy: str, path: Path, text: str, *args: Any) -> str | None:
-        new = real(strategy, path, text, *args)
-        return None if new is None else new.replace("# the gate rows", "# the gate rows \u2192")
+    def rewrite(self: SiteCodemod, tree: Any) -> Rewrite | None:
+        got = real(self, tree)
+        if got is None:
+            return None
+        text = got.text.replace("# the gate rows", "# the gate rows \u2192")
+        return dataclasses.replace(got, text=text)
 
-    monkeypatch.setattr(engine, "_rewrite", rewrite)
+    monkeypatch.setattr(SiteCodemod, "rewrite", rewrite)
     before = snapshot(affected_tree)
     code, _, err = run(capsys, "apply", str(affected_tree))
     assert code == 2

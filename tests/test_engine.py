@@ -7,6 +7,7 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,6 +53,34 @@ def test_dry_run_and_check_change_nothing(affected_tree: Path) -> None:
     assert check.exit_code == 1
     assert snapshot(affected_tree) == before
     assert not (affected_tree / atomic.STATE_DIR).exists()
+
+
+@pytest.mark.parametrize("strategy", ["gather", "kernel"])
+def test_apply_analyses_a_rewritten_file_once_and_proves_it_once(
+    affected_tree: Path, monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
+    # Each entry function is walked once to plan (the scan the codemod plans
+    # from) and once to prove (the whole tree with every rewrite in place).
+    from gdn_backport.dataflow import FlowWalker
+
+    walked: list[str] = []
+    real = FlowWalker.run
+
+    def counting(self: FlowWalker, func: Any, *args: Any) -> Any:
+        walked.append(func.name.value)
+        return real(self, func, *args)
+
+    monkeypatch.setattr(FlowWalker, "run", counting)
+    if strategy == "kernel":
+        kernel = affected_tree / "vllm" / "fla" / "ops" / "fused_sigmoid_gating.py"
+        kernel.parent.mkdir(parents=True)
+        kernel.write_text(
+            "def fused_sigmoid_gating_delta_rule_update(A_log, a, b, dt_bias, q, k, v):\n"
+            "    if state_idx <= 0:\n        return\n"
+        )
+    out = apply_tree(affected_tree, strategy, mode=Mode.DRY_RUN)
+    assert not out.refused and out.diff, out.refused
+    assert walked and all(walked.count(q) == 2 for q in walked), walked
 
 
 def test_second_apply_is_a_no_op_and_revert_restores_bytes(affected_tree: Path) -> None:

@@ -30,31 +30,53 @@ from gdn_backport import locate
 from gdn_backport.analysis import SpecCall, Status, Walk
 from gdn_backport.cst_nodes import code, names_in, walk
 from gdn_backport.dataflow import Def, Flow, Frame, Resolver
+from gdn_backport.errors import Refusal
 from gdn_backport.patchset import Patchset, for_tree
 from gdn_backport.provenance import Prov, Val, consistent
 from gdn_backport.resolve import ModuleInfo, TreeIndex
 from gdn_backport.sites import analyse_modules
-from gdn_backport.sites import walk as walk_function
 
-# An entry function of the tree: (its file, or None for the module itself; qualname; occurrence).
-Entry = tuple[Path | None, str, int]
+__all__ = ["Plan", "Planner", "Refusal", "Rewrite", "SiteCodemod", "live", "where"]
+
+# A site function: (module key, qualname, occurrence).
+Key = tuple[str, str, int]
 
 
-class Refusal(Exception):
-    """The codemod cannot prove a rewrite correct: the file stays as it is."""
+@dataclass(frozen=True)
+class Rewrite:
+    """What a codemod made of a module: the new text, the site functions it
+    rewrote, and whether it proved them itself (else its caller must)."""
+
+    text: str
+    sites: frozenset[Key]
+    proven: bool
 
 
 Edit = Callable[[cst.CSTNode], cst.CSTNode]
 
 
+# A node of a site function as the analysis saw it: (the function, id(node)).
+# Functions of identical text may share parsed nodes, so the id alone is not
+# enough to say which one an edit is for.
+NodeRef = tuple[Key, int]
+
+
 @dataclass
 class Plan:
-    # id(statement) -> lines to insert after it
-    inserts: dict[int, list[cst.SimpleStatementLine]] = field(
+    # the statement -> lines to insert after it
+    inserts: dict[NodeRef, list[cst.SimpleStatementLine]] = field(
         default_factory=lambda: defaultdict(list)
     )
-    # id(original node) -> how to rebuild it from its updated self
-    edits: dict[int, Edit] = field(default_factory=dict)
+    # the original node -> how to rebuild it from its updated self
+    edits: dict[NodeRef, Edit] = field(default_factory=dict)
+
+
+@dataclass
+class _Bound:
+    """A plan keyed by the ids of the nodes of the module being rewritten."""
+
+    inserts: dict[int, list[cst.SimpleStatementLine]]
+    edits: dict[int, Edit]
 
 
 def live(vals: frozenset[Val], path: frozenset[tuple[str, bool]]) -> list[Val]:
@@ -267,12 +289,17 @@ class Planner:
         reads = sorted({n.value for n in names_in(value)})
         anchor = self.anchor(after.stmt, reads, expect)
         line = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(target))], value)])
-        if not any(code(x) == code(line) for x in plan.inserts[id(anchor)]):
-            plan.inserts[id(anchor)].append(line)
+        lines = plan.inserts[self.ref(anchor)]
+        if not any(code(x) == code(line) for x in lines):
+            lines.append(line)
+
+    def ref(self, node: cst.CSTNode) -> NodeRef:
+        """``node`` of this site's function, as a plan names it."""
+        return (self.frame.key, id(node))
 
 
 class _Rewriter(cst.CSTTransformer):
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: _Bound) -> None:
         self.plan = plan
         self.applied: set[int] = set()
 
@@ -300,6 +327,35 @@ class _Rewriter(cst.CSTTransformer):
         return edit(updated)  # type: ignore[return-value]
 
 
+def _onto(plan: Plan, tree: cst.Module, funcs: dict[Key, cst.FunctionDef]) -> _Bound:
+    """``plan`` keyed by the nodes of ``tree``.
+
+    The analysis may have walked each function parsed on its own (scan does,
+    for speed); the same function in the whole module's parse has the same
+    shape, so its nodes pair off in walk order (where the function is
+    ``tree``'s own node, each pairs with itself).
+    """
+    own = {(q, o): f for q, o, f in locate.index_functions(tree)}
+    moved: dict[NodeRef, int] = {}
+    for key, func in funcs.items():
+        target = own.get(key[1:])
+        if target is None:
+            raise Refusal(f"{key[1]} is not in the module being rewritten")
+        pairs = list(zip(walk(func), walk(target), strict=False))
+        if len(pairs) != sum(1 for _ in walk(target)) or any(
+            type(a) is not type(b) for a, b in pairs
+        ):
+            raise Refusal(f"{key[1]}: the module's parse differs from the analysed one")
+        moved.update(((key, id(a)), id(b)) for a, b in pairs)
+    try:
+        return _Bound(
+            {moved[ref]: lines for ref, lines in plan.inserts.items()},
+            {moved[ref]: edit for ref, edit in plan.edits.items()},
+        )
+    except KeyError as exc:
+        raise Refusal("a planned edit lies outside the functions it rewrites") from exc
+
+
 class SiteCodemod(Codemod):
     """Rewrite every affected GDN spec site of a module, or fail closed."""
 
@@ -317,23 +373,29 @@ class SiteCodemod(Codemod):
         tree: Path | None = None,
         path: Path | None = None,
         patchset: Patchset | None = None,
-        entries: Sequence[Entry] | None = None,
         resolver: Resolver | None = None,
+        walks: Sequence[Walk] | None = None,
+        module_key: str | None = None,
     ) -> None:
         """``source``: the module's text, if the caller has it; ``tree``: the
         tree it belongs to and ``path`` its file there (its helpers are
-        followed into the tree); ``entries``: the entry functions whose walks
-        reach this module (default: the module's own); ``resolver``: where
-        calls go that the tree does not resolve (a live process's objects)."""
+        followed into the tree); ``resolver``: where calls go that the tree
+        does not resolve (a live process's objects).
+
+        ``walks`` (with ``module_key``): the caller's analysis of the tree;
+        the plan comes from it (its nodes are carried over onto the module
+        this codemod is given, function by function) and the caller proves
+        the result (apply proves the whole tree at once). Without, the
+        codemod analyses the module itself and proves its own rewrite."""
         super().__init__(context or CodemodContext())
         self.source = source
         self.tree = tree
         self.path = path
         self.patchset = patchset
-        self.entries = list(entries) if entries is not None else None
         self.resolver = resolver
-        self.rewritten: str | None = None  # the result's text, once proven
-        self.sites: set[tuple[str, str, int]] = set()  # the site functions rewritten
+        self.walks = list(walks) if walks is not None else None
+        self.module_key = module_key
+        self.result: Rewrite | None = None
 
     def plan_call(self, planner: Planner, call: SpecCall, plan: Plan) -> None:
         """Add to ``plan`` what fixes one affected spec call."""
@@ -358,31 +420,35 @@ class SiteCodemod(Codemod):
             return index, index.add(self.path, text)
         return index, index.add_text("<module>", text)
 
-    def _walks(self, index: TreeIndex, module: ModuleInfo) -> list[Walk]:
-        if self.entries is None:
-            return [w for _, w in analyse_modules(index, [module]).walks]
-        walks = []
-        for path, qualname, occurrence in self.entries:
-            owner = module if path is None or path == self.path else index.module_at(path)
-            fn = owner.function(qualname, occurrence) if owner is not None else None
-            if fn is None:
-                raise Refusal(f"{path}: {qualname} is gone from the analysis")
-            walks.append(walk_function(index, fn))
-        return walks
+    def rewrite(self, tree: cst.Module) -> Rewrite | None:
+        """Rewrite ``tree``: the result, or None where nothing is affected.
+        Refusal when the rewrite cannot be planned (or, analysing alone,
+        proven)."""
+        try:
+            self.transform_module(tree)
+        except SkipFile:
+            return None
+        return self.result
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        text = tree.code if self.source is None else self.source
-        index, module = self._index(text, None)
-        module.use_tree(tree)
+        if self.walks is not None:
+            assert self.module_key is not None, "walks come with their module's key"
+            walks, key = self.walks, self.module_key
+        else:
+            text = tree.code if self.source is None else self.source
+            index, module = self._index(text, None)
+            module.use_tree(tree)
+            walks = [w for _, w in analyse_modules(index, [module]).walks]
+            key = module.key
         plan = Plan()
         planners: dict[tuple[int, int], Planner] = {}
-        names: dict[int, Names] = {}
+        names: dict[Key, Names] = {}
         sites: set[tuple[str, str, int]] = set()
-        for w in self._walks(index, module):
+        for w in walks:
             for call in w.calls:
                 select = call.select
                 assert select is not None
-                if select.key[0] != module.key or call.status in (
+                if select.key[0] != key or call.status in (
                     Status.FIXED,
                     Status.NOT_AFFECTED,
                 ):
@@ -392,7 +458,7 @@ class SiteCodemod(Codemod):
                 func = select.func
                 planner = planners.get((id(w.flow), select.id))
                 if planner is None:
-                    shared = names.setdefault(id(func), Names({n.value for n in names_in(func)}))
+                    shared = names.setdefault(select.key, Names({n.value for n in names_in(func)}))
                     planner = planners[(id(w.flow), select.id)] = Planner(
                         func, w.flow, select, shared
                     )
@@ -403,24 +469,27 @@ class SiteCodemod(Codemod):
                 sites.add(select.key)
         if not sites:
             raise SkipFile("no affected GDN spec path")
-        rewriter = _Rewriter(plan)
+        bound = _onto(plan, tree, {p.frame.key: p.func for p in planners.values()})
+        rewriter = _Rewriter(bound)
         new_tree = tree.visit(rewriter)
-        if rewriter.applied != set(plan.inserts) | set(plan.edits):
+        if rewriter.applied != set(bound.inserts) | set(bound.edits):
             raise Refusal("some planned edits found no place in the tree")
         new_tree = self.finish(new_tree)
-        self.rewritten = self._prove(new_tree, sites)
-        self.sites = sites
+        text = new_tree.code
+        alone = self.walks is None
+        if alone:
+            self._prove(text, sites)
+        self.result = Rewrite(text, frozenset(sites), proven=alone)
         return new_tree
 
-    def _prove(self, tree: cst.Module, sites: set[tuple[str, str, int]]) -> str:
+    def _prove(self, text: str, sites: set[Key]) -> None:
         """Walk the rewritten module's spec paths again: every rewritten
-        site must now be aligned. Returns the rewritten text."""
-        text = tree.code
+        site must now be aligned."""
         compile(locate.parse_ast(Path("<rewritten>"), text), "<rewritten>", "exec")
         overrides = {self.path: text} if self.path is not None and self.tree is not None else None
         index, module = self._index(text, overrides)
         seen = set()
-        for w in self._walks(index, module):
+        for _, w in analyse_modules(index, [module]).walks:
             for call in w.calls:
                 assert call.select is not None
                 if call.select.key not in sites:
@@ -433,4 +502,3 @@ class SiteCodemod(Codemod):
                     )
         if seen != sites:
             raise Refusal("a rewritten site disappeared from the analysis")
-        return text

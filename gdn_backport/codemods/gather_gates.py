@@ -103,7 +103,7 @@ class GatherGatesCodemod(SiteCodemod):
                     planner.insert(plan, d, new, mirror(d.gather, name), expect)
                 else:
                     planner.insert(plan, d, new, cst.Name(name), expect)
-            plan.edits[id(arg)] = _rename_arg(new)
+            plan.edits[planner.ref(arg)] = _rename_arg(new)
 
     # Examples, run by tests/test_codemods.py (before -> after; after again ->
     # unchanged; refusals leave the source alone and say why). They are

@@ -267,7 +267,7 @@ class KernelOpCodemod(SiteCodemod):
                 updated.with_changes(args=fallback_args),
             )
 
-        plan.edits[id(node)] = swap
+        plan.edits[planner.ref(node)] = swap
         for name in (OP, GUARD, GATHER):
             AddImportsVisitor.add_needed_import(self.context, MODULE, name)
 

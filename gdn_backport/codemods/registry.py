@@ -6,8 +6,6 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from libcst.codemod import Codemod
-
 from gdn_backport.codemods.base import SiteCodemod
 from gdn_backport.errors import UsageError
 from gdn_backport.patchset import load
@@ -32,11 +30,10 @@ def describe(strategy: str) -> str:
 
 def codemod(
     strategy: str, source: str | None = None, tree: Path | None = None, **kwargs: Any
-) -> Codemod:
+) -> SiteCodemod:
     """A fresh codemod instance for ``strategy`` (``gather``, ``kernel``);
     ``source``: the text of the module it will be given, ``tree``: the tree
     that module belongs to (the kernel strategy reads the tree's kernel);
     ``kwargs``: more of :class:`~gdn_backport.codemods.base.SiteCodemod`'s
     arguments (``path``, ``patchset``, ``entries``)."""
-    instance: Codemod = codemod_class(strategy)(source=source, tree=tree, **kwargs)
-    return instance
+    return codemod_class(strategy)(source=source, tree=tree, **kwargs)

@@ -22,7 +22,6 @@ import types
 from typing import Any
 
 import libcst as cst
-from libcst.codemod import SkipFile
 
 from gdn_backport.analysis import Status
 from gdn_backport.codemods.base import Refusal
@@ -66,15 +65,16 @@ def _rewrite_source(
     resolver = live_resolver(fn, owner, patchset, "<module>")
     codemod = GatherGatesCodemod(source=text, patchset=patchset, resolver=resolver)
     try:
-        codemod.transform_module(cst.parse_module(text))
-    except SkipFile as exc:
-        raise Refusal("the codemod found nothing to rewrite") from exc
+        result = codemod.rewrite(cst.parse_module(text))
     except Refusal:
         raise
     except Exception as exc:  # libcst parse errors and the like: same outcome
         raise Refusal(f"{type(exc).__name__}: {exc}") from exc
-    assert codemod.rewritten is not None
-    return codemod.rewritten.splitlines(keepends=True)[header:], src.first
+    if result is None:
+        raise Refusal("the codemod found nothing to rewrite")
+    # Analysing alone, the codemod proved its own rewrite.
+    assert result.proven
+    return result.text.splitlines(keepends=True)[header:], src.first
 
 
 def _compile(
