@@ -1,4 +1,4 @@
-"""Run the whole mutation corpus and print its counts (gdn_backport.corpus).
+"""Run the whole mutation corpus and print its counts (tests/corpus).
 
 Every (release, variant, strategy) goes through scan and apply on a private
 copy; every patched variant (and every "already fixed" one) is verified by
@@ -25,8 +25,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from gdn_backport import corpus
 from gdn_backport.report import table
+
+# The corpus is test-fixture code (tests/corpus), not part of the package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests import corpus
 
 
 def main(argv: list[str] | None = None) -> int:

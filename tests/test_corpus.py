@@ -1,4 +1,4 @@
-"""The mutation corpus (:mod:`gdn_backport.corpus`) on real releases from PyPI.
+"""The mutation corpus (:mod:`tests.corpus`) on real releases from PyPI.
 
 Variants of the real ``_forward_core`` of 0.18.1, 0.21.0 and 0.27.1 (one per
 layout), generated here at test time, each with its expected outcome per
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from gdn_backport import corpus, sources
-from gdn_backport.corpus import LAYOUTS, STRATEGIES, VARIANTS, CaseResult, Expect
+from gdn_backport import sources
+from tests import corpus
+from tests.corpus import LAYOUTS, STRATEGIES, VARIANTS, CaseResult, Expect
 
 pytestmark = pytest.mark.network
 

@@ -77,8 +77,8 @@ def test_guarded_call_passes_the_suite_on_either_branch(
     # The kernel strategy's guarded call on a real release: with the op
     # forced off, the fallback branch (the tree's own kernel on gathered
     # gates) must pass the mixed-batch suite alone; without, the op must.
-    from gdn_backport import corpus
     from gdn_backport.verify import triton_problem, verify_tree
+    from tests import corpus
 
     if triton_problem():
         pytest.skip(triton_problem())

@@ -25,11 +25,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gdn_backport import corpus, sources
+from gdn_backport import sources
 from gdn_backport.cli import main
 from gdn_backport.dataflow import MAX_DEPTH
 from gdn_backport.patchset import load
 from gdn_backport.scan import analyse_tree
+from tests import corpus
 
 KERNEL = "fused_sigmoid_gating_delta_rule_update"
 
