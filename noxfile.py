@@ -8,7 +8,7 @@
 
 A cell's id is ``<release>-<strategy>``; nox names the session ``cell(<id>)``
 (the id replaces nox's default ``cell(release='0.25.1', strategy='gather')``).
-Arguments after ``--`` go to ``gdn-backport matrix --run``: ``--device cuda``,
+Arguments after ``--`` go to ``gdn-backport matrix run``: ``--device cuda``,
 ``--scenario NAME``, ``--heads H,HV,D``, ``--results DIR`` (``--junit-dir``),
 ``--tree PATH``. See docs/ci.md.
 """
@@ -87,7 +87,7 @@ def cells_impl(session: nox.Session, *select: str) -> None:
     args = list(session.posargs)
     if lines and lines[-1] != "cuda" and _wants_cuda(args):
         session.skip("--device cuda asked for, but torch sees no CUDA device")
-    session.run(python, "-m", "gdn_backport", "matrix", "--run", *select, *args)
+    session.run(python, "-m", "gdn_backport", "matrix", "run", *select, *args)
 
 
 def _wants_cuda(args: list[str]) -> bool:

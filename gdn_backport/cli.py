@@ -43,7 +43,9 @@ commands:
   revert PATH                the original bytes back
   verify PATH                the mixed-batch regression suite on that tree
   fetch X.Y.Z                a release's sources from PyPI into the cache
-  matrix                     every release of matrix/ (--format github|buildkite for CI)
+  matrix check               scan every release of matrix/, compare with what it expects
+  matrix run                 run its cells: fetch, patch a copy, scan, verify
+  matrix export github|buildkite  the cells as a CI document
   doctor                     which GDN code this Python's vLLM runs, and its status
 
 PATH: a folder holding vllm/ (or one folder down), the vllm package itself,
@@ -158,19 +160,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--matrix", action="store_true", help="every release in matrix/")
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("matrix", help="scan every release of the matrix, compare with expected")
-    p.add_argument("--format", choices=["table", "json", "github", "buildkite"], default="table",
-                   help="github: a strategy.matrix (JSON) of the cells; buildkite: a pipeline "
-                   "(YAML), one step per cell")  # fmt: skip
-    p.add_argument("--json", action="store_true", help="same as --format json")
-    p.add_argument("--release", action="append", metavar="X.Y.Z", help="only these releases")
-    p.add_argument(
+    p = sub.add_parser("matrix", help="the version matrix: check, run or export its cells")
+    msub = p.add_subparsers(dest="matrix_command", metavar="{check,run,export}")
+    m = msub.add_parser("check", help="scan every release, compare with matrix/releases.toml")
+    m.add_argument("--release", action="append", metavar="X.Y.Z", help="only these releases")
+    m.add_argument(
         "--roundtrip",
         action="store_true",
         help="also patch a copy of each affected release: fixed after apply, "
         "idempotent, byte-identical after revert",
     )
-    _matrix_cells(p)
+    m.add_argument("--json", action="store_true", help="print one JSON document")
+    m = msub.add_parser("run", help="run the cells: fetch, patch a copy, scan, verify")
+    _matrix_cells(m)
+    m.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: cuda when torch sees a GPU, else the CPU interpreter")  # fmt: skip
+    m.add_argument("--scenario", action="append", metavar="NAME", help="only these scenarios")
+    m.add_argument("--heads", metavar="H,HV,D", help="layer shape (GPU default 16,32,128)")
+    m.add_argument("--results", "--junit-dir", type=Path, default=Path(".nox-results"),
+                   help="JUnit XML per cell, summary.json and .md (.nox-results)")  # fmt: skip
+    m.add_argument("--json", action="store_true", help="print one JSON document")
+    m = msub.add_parser("export", help="the cells as a CI document (one job per cell)")
+    m.add_argument("format", choices=["github", "buildkite"],
+                   help="github: a strategy.matrix (JSON); buildkite: a pipeline")  # fmt: skip
+    _matrix_cells(m)
+    m.add_argument("--queue", default="gpu", help="buildkite: the agent queue")
+    m.add_argument("--setup", default="", metavar="CMD",
+                   help="buildkite: run CMD before each cell (an install); every $ is written "
+                   "$$ so Buildkite's upload leaves $VAR for the step's shell")  # fmt: skip
 
     p = sub.add_parser(
         "doctor", help="which GDN code this Python's vLLM runs, and whether it is fixed"
@@ -182,22 +199,46 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _matrix_cells(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", action="store_true", help="run the cells (fetch, patch, scan, verify)")
+    """Which cells: all of matrix/ by default."""
     p.add_argument("--cell", action="append", metavar="ID", help="only this cell: 0.25.1-gather")
+    p.add_argument("--release", action="append", metavar="X.Y.Z", help="only these releases")
     p.add_argument("--strategy", action="append", metavar="S", help="none, gather or kernel")
     p.add_argument("--tree", action="append", type=Path, metavar="PATH",
                    help="a fork's own tree (the directory holding vllm/) as a target")  # fmt: skip
     p.add_argument("--ref", default="", help="with --tree: the tree at this git ref")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="auto: cuda when torch sees a GPU, else the CPU interpreter")  # fmt: skip
-    p.add_argument("--scenario", action="append", metavar="NAME", help="only these scenarios")
-    p.add_argument("--heads", metavar="H,HV,D", help="layer shape (GPU default 16,32,128)")
-    p.add_argument("--results", "--junit-dir", type=Path, default=Path(".nox-results"),
-                   help="JUnit XML per cell, summary.json and .md (.nox-results)")  # fmt: skip
-    p.add_argument("--queue", default="gpu", help="--format buildkite: the agent queue")
-    p.add_argument("--setup", default="", metavar="CMD",
-                   help="--format buildkite: run CMD before each cell (an install); every $ is "
-                   "written $$ so Buildkite's upload leaves $VAR for the step's shell")  # fmt: skip
+
+
+_MATRIX_COMMANDS = ("check", "run", "export", "-h", "--help")
+
+
+def _legacy_matrix(argv: list[str]) -> list[str]:
+    """``matrix`` as it was before its subcommands (CI files exported then
+    still call it): ``--run`` is ``run``, ``--format github|buildkite`` is
+    ``export``, ``--format json`` is ``--json``, and a bare ``matrix
+    [--release X]`` is ``matrix check``. The old spellings say what they are
+    now."""
+    if not argv or argv[0] != "matrix" or (len(argv) > 1 and argv[1] in _MATRIX_COMMANDS):
+        return argv
+    rest, fmt = [], None
+    tokens = iter(argv[1:])
+    for tok in tokens:
+        if tok == "--format":
+            fmt = next(tokens, None)
+        elif tok.startswith("--format="):
+            fmt = tok.split("=", 1)[1]
+        else:
+            rest.append(tok)
+    run = "--run" in rest
+    if run:
+        rest.remove("--run")
+    new = ["export", fmt] if fmt in ("github", "buildkite") else ["run"] if run else ["check"]
+    if fmt == "json":
+        rest.append("--json")
+    if run or fmt is not None:
+        old = " ".join([*(["--run"] if run else []), *([f"--format {fmt}"] if fmt else [])])
+        print(f"gdn-backport: `matrix {old} ...` is now `matrix {' '.join(new)} ...`",
+              file=sys.stderr)  # fmt: skip
+    return ["matrix", *new, *rest]
 
 
 def _resolve(args: argparse.Namespace, write: bool, create: bool = True) -> Path | None:
@@ -419,35 +460,31 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
-    from gdn_backport import ci_export, matrix
+    from gdn_backport import matrix
+    from gdn_backport.matrix import export
 
-    fmt = "json" if args.json else args.format
-    if args.run or fmt in ("github", "buildkite") or args.cell or args.tree:
-        if args.run and fmt in ("github", "buildkite"):
-            raise UsageError(f"matrix: --run and --format {fmt} exclude each other")
-        if not args.run and fmt not in ("github", "buildkite"):
-            raise UsageError("matrix: --cell/--tree need --run or --format github|buildkite")
-        trees = [matrix.adhoc_tree(t, args.ref) for t in args.tree or ()]
-        cells = matrix.cells(matrix.load(), args.release, args.strategy, args.cell, trees)
-        if not cells:
-            raise UsageError("matrix: no cell matches")
-        if fmt == "github":
-            print(ci_export.github_json(cells))
-            return 0
-        if fmt == "buildkite":
-            print(ci_export.buildkite_yaml(cells, args.queue, args.setup), end="")
-            return 0
-        return _run_cells(args, cells, fmt)
-    results = matrix.run(matrix.load(), only=args.release, with_roundtrip=args.roundtrip)
-    if args.json or args.format == "json":
-        print(json.dumps([r.to_json() for r in results], indent=2))
-    else:
-        print(matrix.render(results))
-    return 0 if all(r.ok for r in results) else 1
+    if args.matrix_command == "check":
+        results = matrix.run(matrix.load(), only=args.release, with_roundtrip=args.roundtrip)
+        if args.json:
+            print(json.dumps([r.to_json() for r in results], indent=2))
+        else:
+            print(matrix.render(results))
+        return 0 if all(r.ok for r in results) else 1
+    trees = [matrix.adhoc_tree(t, args.ref) for t in args.tree or ()]
+    cells = matrix.cells(matrix.load(), args.release, args.strategy, args.cell, trees)
+    if not cells:
+        raise UsageError(f"matrix {args.matrix_command}: no cell matches")
+    if args.matrix_command == "export":
+        if args.format == "github":
+            print(export.github_json(cells))
+        else:
+            print(export.buildkite_yaml(cells, args.queue, args.setup), end="")
+        return 0
+    return _run_cells(args, cells)
 
 
-def _run_cells(args: argparse.Namespace, cells: Sequence[matrix.Cell], fmt: str) -> int:
-    """``matrix --run``: versions first, a live line per cell, the summary last."""
+def _run_cells(args: argparse.Namespace, cells: Sequence[matrix.Cell]) -> int:
+    """``matrix run``: versions first, a live line per cell, the summary last."""
     import time
 
     from gdn_backport import matrix
@@ -463,7 +500,7 @@ def _run_cells(args: argparse.Namespace, cells: Sequence[matrix.Cell], fmt: str)
     results = matrix.run_cells(cells, options, matrix.ProgressLine(sys.stderr))
     seconds = time.perf_counter() - t0
     files = matrix.write_results(results, env, args.results, seconds)
-    if fmt == "json":
+    if args.json:
         print(json.dumps([r.to_json() for r in results], indent=2))
     else:
         print(matrix.render_cells(results, seconds))
@@ -514,7 +551,8 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        argv = list(sys.argv[1:] if argv is None else argv)
+        args = build_parser().parse_args(_legacy_matrix(argv))
         return COMMANDS[args.command](args)
     except UsageError as exc:
         print(f"gdn-backport: {exc}", file=sys.stderr)

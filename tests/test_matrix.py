@@ -14,6 +14,7 @@ from gdn_backport import matrix, sources
 from gdn_backport.analysis import Status
 from gdn_backport.cli import main
 from gdn_backport.errors import UsageError
+from gdn_backport.matrix import runner
 from gdn_backport.scan import Site
 from gdn_backport.verify import ScenarioResult, VerifyReport
 from tests.harness_fixtures import interpreted
@@ -168,13 +169,13 @@ def test_tree_at_a_git_ref_is_read_from_git_not_the_working_copy(
     repo.index.commit("fork", author=git.Actor("t", "t@example.com"))
     repo.create_tag("v1")
     (affected_tree / "vllm" / "__init__.py").write_text("# edited after the tag\n")
-    got = matrix._materialise(matrix.Tree("fork", str(affected_tree), "v1"), tmp_path / "out")
+    got = runner._materialise(matrix.Tree("fork", str(affected_tree), "v1"), tmp_path / "out")
     assert (got / "vllm" / "__init__.py").read_text() == "# a fork's tree\n"
     assert (got / "vllm/model_executor/layers/mamba/gdn_linear_attn.py").exists()
-    plain = matrix._materialise(matrix.Tree("fork", str(affected_tree)), tmp_path / "copy")
+    plain = runner._materialise(matrix.Tree("fork", str(affected_tree)), tmp_path / "copy")
     assert (plain / "vllm" / "__init__.py").read_text() == "# edited after the tag\n"
     with pytest.raises(UsageError, match="cannot read git ref"):
-        matrix._materialise(matrix.Tree("f", str(affected_tree), "nope"), tmp_path / "x")
+        runner._materialise(matrix.Tree("f", str(affected_tree), "nope"), tmp_path / "x")
 
 
 # -- what a cell requires, on made-up reports (no kernels run) ---------------------
@@ -314,7 +315,7 @@ def test_fork_tree_cell_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFi
     fork = tmp_path / "fork"
     shutil.copytree(sources.release_tree("0.21.0") / "vllm", fork / "vllm")
     results = tmp_path / "results"
-    code = main(["matrix", "--run", "--tree", str(fork), "--device", "cpu",
+    code = main(["matrix", "run", "--tree", str(fork), "--device", "cpu",
                  "--scenario", "pr_layout", "--results", str(results)])  # fmt: skip
     out = capsys.readouterr()
     assert code == 0, out.out + out.err

@@ -5,7 +5,7 @@
 - Buildkite: a pipeline (YAML) with one command step per cell on an agent
   queue, for ``buildkite-agent pipeline upload``.
 
-Each cell's job runs ``gdn-backport matrix --run --cell <id>`` (see
+Each cell's job runs ``gdn-backport matrix run --cell <id>`` (see
 :meth:`gdn_backport.matrix.Cell.selector`), which is what the nox session
 ``cell(<id>)`` runs too. The YAML writer below covers exactly the documents
 made here (mappings, sequences, strings, integers, booleans); strings are
@@ -22,7 +22,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 
 from gdn_backport.errors import UsageError
-from gdn_backport.matrix import Cell
+from gdn_backport.matrix.model import Cell
 
 __all__ = [
     "MAX_GITHUB_JOBS",
@@ -59,7 +59,7 @@ BUILDKITE_STEP_KEYS = frozenset(
 
 def command(cell: Cell) -> str:
     """The shell command that runs exactly ``cell``."""
-    return shlex.join(["gdn-backport", "matrix", "--run", *cell.selector()])
+    return shlex.join(["gdn-backport", "matrix", "run", *cell.selector()])
 
 
 def github_matrix(cells: Sequence[Cell]) -> dict[str, list[dict[str, str]]]:
@@ -156,7 +156,7 @@ def _literal(text: str) -> str:
 
 
 def buildkite_yaml(cells: Sequence[Cell], queue: str = "gpu", setup: str = "") -> str:
-    head = "# gdn-backport matrix --format buildkite: one step per matrix cell\n"
+    head = "# gdn-backport matrix export buildkite: one step per matrix cell\n"
     return head + to_yaml(buildkite_pipeline(cells, queue, setup))
 
 

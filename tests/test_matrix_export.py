@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gdn_backport import ci_export, matrix
+from gdn_backport import matrix
 from gdn_backport.cli import build_parser, main
+from gdn_backport.matrix import export
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -35,7 +36,7 @@ def _cells() -> list[matrix.Cell]:
 def _run_args(command: str) -> list[str]:
     """The arguments a cell's command gives ``gdn-backport``; asserts the program."""
     argv = shlex.split(command)
-    assert argv[:3] == ["gdn-backport", "matrix", "--run"], command
+    assert argv[:3] == ["gdn-backport", "matrix", "run"], command
     return argv[1:]
 
 
@@ -64,11 +65,11 @@ def _commands(text: str) -> list[list[str]]:
 
 
 def test_github_matrix_is_one_line_of_include_entries(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["matrix", "--format", "github"]) == 0
+    assert main(["matrix", "export", "github"]) == 0
     text = capsys.readouterr().out
     assert text.count("\n") == 1  # one line for $GITHUB_OUTPUT
     doc = json.loads(text)
-    assert ci_export.check_github(doc) == []
+    assert export.check_github(doc) == []
     include = doc["include"]
     assert [e["id"] for e in include] == [c.id for c in _cells()]
     assert include[0] == {"id": "0.10.2-none", "strategy": "none", "release": "0.10.2"}
@@ -76,17 +77,17 @@ def test_github_matrix_is_one_line_of_include_entries(capsys: pytest.CaptureFixt
     for e in include:
         assert e["id"] == f"{e['release']}-{e['strategy']}"
         # What the example workflow runs for each entry selects exactly that cell.
-        args = build_parser().parse_args(["matrix", "--run", "--cell", e["id"]])
+        args = build_parser().parse_args(["matrix", "run", "--cell", e["id"]])
         (cell,) = matrix.cells(matrix.load(), ids=args.cell)
         assert cell.id == e["id"]
 
 
 def test_github_matrix_selection_and_trees(tmp_path: Path) -> None:
     m = matrix.load()
-    doc = ci_export.github_matrix(matrix.cells(m, releases=["0.28.0"]))
+    doc = export.github_matrix(matrix.cells(m, releases=["0.28.0"]))
     assert doc == {"include": [{"id": "0.28.0-none", "strategy": "none", "release": "0.28.0"}]}
     fork = matrix.adhoc_tree(tmp_path, ref="main")
-    (entry,) = ci_export.github_matrix(matrix.cells(m, trees=[fork]))["include"]
+    (entry,) = export.github_matrix(matrix.cells(m, trees=[fork]))["include"]
     assert entry == {"id": f"{fork.name}-gather", "strategy": "gather", "tree": str(tmp_path),
                      "ref": "main"}  # fmt: skip
 
@@ -107,18 +108,18 @@ def test_github_matrix_selection_and_trees(tmp_path: Path) -> None:
     ],
 )
 def test_github_checks(doc: object, problem: str) -> None:
-    assert any(problem in p for p in ci_export.check_github(doc)), ci_export.check_github(doc)
+    assert any(problem in p for p in export.check_github(doc)), export.check_github(doc)
 
 
 # -- Buildkite ---------------------------------------------------------------------
 
 
 def test_buildkite_pipeline_steps(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["matrix", "--format", "buildkite", "--queue", "h200-gpu"]) == 0
+    assert main(["matrix", "export", "buildkite", "--queue", "h200-gpu"]) == 0
     text = capsys.readouterr().out
-    doc = ci_export.buildkite_pipeline(_cells(), queue="h200-gpu")
-    assert text == ci_export.buildkite_yaml(_cells(), queue="h200-gpu")
-    assert ci_export.check_buildkite(doc) == []
+    doc = export.buildkite_pipeline(_cells(), queue="h200-gpu")
+    assert text == export.buildkite_yaml(_cells(), queue="h200-gpu")
+    assert export.check_buildkite(doc) == []
     steps = doc["steps"]
     assert isinstance(steps, list) and len(steps) == 51
     keys = [s["key"] for s in steps]
@@ -132,21 +133,21 @@ def test_buildkite_pipeline_steps(capsys: pytest.CaptureFixture[str]) -> None:
     # The text is that document: every step's fields appear as written.
     assert text.count("\n  - label: ") == 51
     assert '    key: "cell-0_25_1-gather"\n' in text
-    assert '    command: "gdn-backport matrix --run --cell 0.25.1-gather"\n' in text
+    assert '    command: "gdn-backport matrix run --cell 0.25.1-gather"\n' in text
     assert '    agents:\n      queue: "h200-gpu"\n' in text
 
 
 @needs_yaml
 def test_buildkite_yaml_round_trips_through_pyyaml() -> None:
     cells = _cells()
-    assert yaml.safe_load(ci_export.buildkite_yaml(cells, "gpu")) == (
-        ci_export.buildkite_pipeline(cells, "gpu")
+    assert yaml.safe_load(export.buildkite_yaml(cells, "gpu")) == (
+        export.buildkite_pipeline(cells, "gpu")
     )
 
 
 def test_buildkite_queue_must_not_be_empty() -> None:
     with pytest.raises(Exception, match="--queue"):
-        ci_export.buildkite_pipeline(_cells(), queue=" ")
+        export.buildkite_pipeline(_cells(), queue=" ")
 
 
 @pytest.mark.parametrize(
@@ -165,14 +166,14 @@ def test_buildkite_queue_must_not_be_empty() -> None:
     ],
 )
 def test_buildkite_checks(step: dict[str, object], problem: str) -> None:
-    problems = ci_export.check_buildkite({"steps": [step]})
+    problems = export.check_buildkite({"steps": [step]})
     assert any(problem in p for p in problems), problems
 
 
 def test_buildkite_keys_must_be_unique() -> None:
     step = {"label": "l", "command": "x", "key": "k"}
-    assert "step keys not unique: k" in ci_export.check_buildkite({"steps": [step, step]})
-    assert ci_export.check_buildkite({"step": []}) == ["must be a mapping with 'steps'"]
+    assert "step keys not unique: k" in export.check_buildkite({"steps": [step, step]})
+    assert export.check_buildkite({"step": []}) == ["must be a mapping with 'steps'"]
 
 
 # -- the YAML writer ---------------------------------------------------------------
@@ -200,14 +201,14 @@ steps:
 
 
 def test_yaml_writer_text() -> None:
-    assert ci_export.to_yaml(SAMPLE) == SAMPLE_YAML
+    assert export.to_yaml(SAMPLE) == SAMPLE_YAML
     with pytest.raises(TypeError):
-        ci_export.to_yaml({"x": 1.5})
+        export.to_yaml({"x": 1.5})
 
 
 @needs_yaml
 def test_yaml_writer_round_trips_through_pyyaml() -> None:
-    assert yaml.safe_load(ci_export.to_yaml(SAMPLE)) == SAMPLE
+    assert yaml.safe_load(export.to_yaml(SAMPLE)) == SAMPLE
 
 
 # -- the examples in docs/ -----------------------------------------------------------
@@ -217,10 +218,10 @@ def test_docs_examples_use_what_the_tool_emits() -> None:
     workflow = (DOCS / "github-actions.yml").read_text()
     pipeline = (DOCS / "buildkite.yml").read_text()
     guide = (DOCS / "ci.md").read_text()
-    assert "gdn-backport matrix --format github" in workflow
+    assert "gdn-backport matrix export github" in workflow
     assert "fromJSON(needs.plan.outputs.matrix)" in workflow
-    assert "gdn-backport matrix --run --cell" in workflow
-    assert "gdn-backport matrix --format buildkite" in pipeline
+    assert "gdn-backport matrix run --cell" in workflow
+    assert "gdn-backport matrix export buildkite" in pipeline
     assert "buildkite-agent pipeline upload" in pipeline
     for text in (guide, workflow, pipeline):
         # Every gdn-backport command in the docs parses with today's CLI.
@@ -237,17 +238,17 @@ def test_docs_github_workflow_structure() -> None:
     plan, cell = jobs["plan"], jobs["cell"]
     assert plan["outputs"]["matrix"] == "${{ steps.cells.outputs.matrix }}"
     (emit,) = [s for s in plan["steps"] if s.get("id") == "cells"]
-    assert "gdn-backport matrix --format github" in emit["run"]
+    assert "gdn-backport matrix export github" in emit["run"]
     assert '>> "$GITHUB_OUTPUT"' in emit["run"]
     assert cell["needs"] == "plan"
     assert cell["strategy"]["fail-fast"] is False
     assert cell["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
     # The fields the job reads are those every emitted entry has.
     assert cell["env"]["CELL"] == "${{ matrix.id }}"
-    emitted = json.loads(ci_export.github_json(_cells()))["include"][0]
+    emitted = json.loads(export.github_json(_cells()))["include"][0]
     assert {"id", "release", "strategy"} <= set(emitted)
     runs = " ".join(s.get("run", "") for s in cell["steps"])
-    assert 'set -- --cell "$CELL"' in runs and 'gdn-backport matrix --run "$@"' in runs
+    assert 'set -- --cell "$CELL"' in runs and 'gdn-backport matrix run "$@"' in runs
     (upload,) = [s for s in cell["steps"] if "upload-artifact" in s.get("uses", "")]
     assert upload["with"]["path"] == ".nox-results/"
 
@@ -255,9 +256,9 @@ def test_docs_github_workflow_structure() -> None:
 @needs_yaml
 @pytest.mark.parametrize("kind", ["release", "tree", "tree-at-ref"])
 def test_docs_github_cell_step_runs_what_the_plan_emits(tmp_path: Path, kind: str) -> None:
-    """Issue 13: a cell of `matrix --format github --tree DIR` carries a tree
+    """Issue 13: a cell of `matrix export github --tree DIR` carries a tree
     the workflow never passed. The cell job's step, run by bash with the
-    matrix entry the tool emits, must call `matrix --run` with arguments
+    matrix entry the tool emits, must call `matrix run` with arguments
     that select exactly that cell."""
     if kind == "release":
         trees: list[matrix.Tree] = []
@@ -266,10 +267,10 @@ def test_docs_github_cell_step_runs_what_the_plan_emits(tmp_path: Path, kind: st
         fork = tmp_path / "my-fork"
         trees = [matrix.adhoc_tree(fork, "release/2.3" if kind == "tree-at-ref" else "")]
         cells = matrix.cells(matrix.load(), None, ["gather"], None, trees)
-    [entry] = ci_export.github_matrix(cells)["include"]
+    [entry] = export.github_matrix(cells)["include"]
     doc = yaml.safe_load((DOCS / "github-actions.yml").read_text())
     job = doc["jobs"]["cell"]
-    [step] = [s for s in job["steps"] if "gdn-backport matrix --run" in s.get("run", "")]
+    [step] = [s for s in job["steps"] if "gdn-backport matrix run" in s.get("run", "")]
     env = {
         name: re.sub(r"\$\{\{ matrix\.(\w+) \}\}", lambda m: entry.get(m[1], ""), value)
         for name, value in job["env"].items()
@@ -287,7 +288,7 @@ def test_docs_github_cell_step_runs_what_the_plan_emits(tmp_path: Path, kind: st
     )
     argv = out.read_text().splitlines()
     args = build_parser().parse_args(argv)
-    assert args.command == "matrix" and args.run
+    assert args.command == "matrix" and args.matrix_command == "run"
     chosen = [matrix.adhoc_tree(t, args.ref) for t in args.tree or ()]
     assert chosen == trees
     assert matrix.cells(matrix.load(), args.release, args.strategy, args.cell, chosen) == cells
@@ -297,19 +298,43 @@ def test_buildkite_dollars_reach_the_shell_as_written() -> None:
     """Buildkite interpolates $VAR at upload; the pipeline writes $$ so the
     step's shell gets --setup's text as given."""
     setup = 'pip install -q "$WHEEL" && echo ${HOME} $$ \\$PATH'
-    steps = ci_export.buildkite_pipeline(_cells()[:1], "gpu", setup)["steps"]
+    steps = export.buildkite_pipeline(_cells()[:1], "gpu", setup)["steps"]
     assert isinstance(steps, list)
     command = steps[0]["command"]
     assert "$$WHEEL" in command and "$${HOME}" in command
     # What Buildkite's upload makes of it: $$ -> $.
-    assert command.replace("$$", "$").startswith(setup + " && gdn-backport matrix --run")
+    assert command.replace("$$", "$").startswith(setup + " && gdn-backport matrix run")
     assert re.search(r"(?<!\$)\$(?!\$)", command.replace("$$", "")) is None
 
 
 @needs_yaml
 def test_docs_buildkite_pipeline_structure() -> None:
     doc = yaml.safe_load((DOCS / "buildkite.yml").read_text())
-    assert ci_export.check_buildkite(doc) == []
+    assert export.check_buildkite(doc) == []
     (plan,) = doc["steps"]
-    assert "gdn-backport matrix --format buildkite" in plan["command"]
+    assert "gdn-backport matrix export buildkite" in plan["command"]
     assert plan["command"].rstrip().endswith("| buildkite-agent pipeline upload")
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (["matrix"], ["matrix", "check"]),
+        (["matrix", "--release", "0.25.1"], ["matrix", "check", "--release", "0.25.1"]),
+        (["matrix", "--format", "json"], ["matrix", "check", "--json"]),
+        (["matrix", "--run", "--cell", "0.25.1-g"], ["matrix", "run", "--cell", "0.25.1-g"]),
+        (["matrix", "--run", "--format=json"], ["matrix", "run", "--json"]),
+        (["matrix", "--format", "buildkite", "--queue", "q"],
+         ["matrix", "export", "buildkite", "--queue", "q"]),
+    ],
+)  # fmt: skip
+def test_matrix_flags_of_before_its_subcommands_still_work(
+    old: list[str], new: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # CI files exported by earlier versions call `matrix --run --cell ...`.
+    from gdn_backport.cli import _legacy_matrix
+
+    assert _legacy_matrix(old) == new
+    err = capsys.readouterr().err
+    assert ("is now `matrix" in err) == ("--run" in old or "--format" in " ".join(old)), err
+    build_parser().parse_args(new)

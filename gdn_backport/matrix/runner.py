@@ -1,0 +1,420 @@
+"""Running cells: fetch the target, scan it, verify it unpatched (the mutation
+check), patch a private copy, scan and verify it again. One process, cells
+one after the other; the unpatched verify of a release is shared by its
+cells."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gdn_backport import sources
+from gdn_backport.analysis import Status
+from gdn_backport.errors import UsageError
+from gdn_backport.matrix.check import check_sites
+from gdn_backport.matrix.model import GPU_HEADS, Cell, Tree
+from gdn_backport.scan import Site, scan_tree
+from gdn_backport.verify import VerifyReport, verify_tree
+
+
+def parse_heads(text: str) -> tuple[int, int, int]:
+    try:
+        h, hv, dim = (int(x) for x in text.split(","))
+    except ValueError as exc:
+        raise UsageError(f"--heads {text}: expected H,HV,D (three integers)") from exc
+    return h, hv, dim
+
+
+def resolve_device(device: str) -> str:
+    """``auto``: ``cuda`` when torch sees a CUDA device, else ``cpu``."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise UsageError(f"--device {device}: choose auto, cpu or cuda")
+    if device != "auto":
+        return device
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_scenarios(device: str) -> tuple[str, ...]:
+    """Every scenario on the GPU; the small CI set on the CPU interpreter."""
+    from gdn_backport.harness.scenarios import CI_SCENARIOS, SCENARIOS
+
+    return tuple(s.name for s in SCENARIOS) if device == "cuda" else CI_SCENARIOS
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    device: str = "cpu"  # resolved: "cpu" or "cuda"
+    scenarios: tuple[str, ...] = ()  # empty: default_scenarios(device)
+    heads: tuple[int, int, int] | None = None  # None: small on CPU, GPU_HEADS on CUDA
+    workdir: Path | None = None  # where patched copies live while a cell runs
+
+    def scenario_names(self) -> tuple[str, ...]:
+        return self.scenarios or default_scenarios(self.device)
+
+    def layer_heads(self) -> tuple[int, int, int] | None:
+        if self.heads is None and self.device == "cuda":
+            return GPU_HEADS
+        return self.heads
+
+
+@dataclass(frozen=True)
+class Check:
+    """One thing a cell proved or failed to prove: a JUnit testcase."""
+
+    name: str
+    ok: bool
+    message: str = ""  # one line: what was seen, or why it is wrong
+    detail: str = ""
+    skipped: str = ""  # why it could not run (expected), "" if it ran
+    seconds: float | None = None  # None: timed as part of its phase (verify scenarios)
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One ``verify`` of a cell's tree: the report and what it had to show."""
+
+    phase: str  # "unpatched" (as shipped) or "patched"
+    report: VerifyReport
+    must_fail: frozenset[str]  # scenarios that must fail here (the mutation check)
+    seconds: float
+    shared_with: str = ""  # the cell whose run of the same tree this reuses
+
+    @property
+    def worst(self) -> float | None:
+        errs = [r.max_abs_err for r in self.report.rows]
+        return max(errs) if errs else None
+
+    def summary(self) -> str:
+        if self.report.error:
+            return "not run"
+        rows = self.report.rows
+        failed = sum(not r.passed for r in rows)
+        if failed == 0:
+            return f"{len(rows)}/{len(rows)} pass"
+        return f"{failed}/{len(rows)} fail"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "phase": self.phase,
+            "site": self.report.site,
+            "device": self.report.device,
+            "dtype": self.report.dtype,
+            "error": self.report.error,
+            "must_fail": sorted(self.must_fail),
+            "seconds": round(self.seconds, 3),
+            "shared_with": self.shared_with,
+            "rows": [
+                {
+                    "name": r.name,
+                    "passed": r.passed,
+                    "expected": "fail" if r.name in self.must_fail else "pass",
+                    "max_abs_err": _num(r.max_abs_err),
+                    "tolerance": r.tolerance,
+                    "layout": r.layout,
+                    "note": r.note,
+                }
+                for r in self.report.rows
+            ],
+        }
+
+
+def _num(x: float | None) -> float | str | None:
+    # JSON has no infinity: a scenario that raised reports "inf".
+    if x is None:
+        return None
+    return x if x == x and abs(x) != float("inf") else str(x)
+
+
+@dataclass
+class CellResult:
+    cell: Cell
+    checks: list[Check] = field(default_factory=list)
+    status_before: Status | None = None
+    status_after: Status | None = None
+    written: tuple[str, ...] = ()
+    unpatched: Verified | None = None
+    patched: Verified | None = None
+    seconds: float = 0.0
+
+    @property
+    def problems(self) -> list[str]:
+        return [f"{c.name}: {c.message}" for c in self.checks if not c.ok]
+
+    @property
+    def skipped(self) -> str:
+        return next((c.skipped for c in self.checks if c.skipped), "")
+
+    @property
+    def result(self) -> str:
+        """``ok``, ``fail`` (something did not hold) or ``skip`` (verify
+        cannot drive this release, as the matrix says: never a pass)."""
+        if self.problems:
+            return "fail"
+        return "skip" if self.skipped else "ok"
+
+    def to_json(self) -> dict[str, object]:
+        c = self.cell
+        return {
+            "id": c.id,
+            "release": c.release.version if c.release else None,
+            "tree": c.tree.path if c.tree else None,
+            "ref": c.tree.ref if c.tree and c.tree.ref else None,
+            "strategy": c.strategy,
+            "expected": c.release.status.value if c.release else None,
+            "status_before": self.status_before.value if self.status_before else None,
+            "status_after": self.status_after.value if self.status_after else None,
+            "written": list(self.written),
+            "result": self.result,
+            "problems": self.problems,
+            "skipped": self.skipped,
+            "worst_err_unpatched": _num(self.unpatched.worst if self.unpatched else None),
+            "worst_err_patched": _num(self.patched.worst if self.patched else None),
+            "verify_unpatched": self.unpatched.to_json() if self.unpatched else None,
+            "verify_patched": self.patched.to_json() if self.patched else None,
+            "checks": [dataclasses.asdict(k) for k in self.checks],
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def _tree_status(sites: Sequence[Site], after: bool) -> tuple[Status | None, list[str]]:
+    """A fork tree's status: its worst site; problems if it cannot be proven."""
+    if not sites:
+        return None, ["no GDN spec path found"]
+    found = {s.status for s in sites}
+    for status in (Status.UNKNOWN, Status.AFFECTED, Status.FIXED, Status.NOT_AFFECTED):
+        if status in found:
+            break
+    problems = [
+        f"{s.path}:{s.line} {s.function}: {s.status.value} ({s.reason})"
+        for s in sites
+        if s.status is Status.UNKNOWN or (after and s.status is Status.AFFECTED)
+    ]
+    return status, problems
+
+
+def _sites_text(sites: Sequence[Site]) -> str:
+    return "\n".join(f"{s.path}:{s.line} {s.function}: {s.status.value}" for s in sites)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def _materialise(tree: Tree, dest: Path) -> Path:
+    """A private copy of a fork's ``vllm/`` (at ``tree.ref`` if given) under ``dest``."""
+    src = tree.resolved()
+    if not src.is_dir():
+        raise UsageError(f"{src}: no such directory")
+    if tree.ref:
+        import git
+
+        try:
+            repo = git.Repo(src, search_parent_directories=True)
+            commit = repo.commit(tree.ref)
+        except Exception as exc:
+            # Not a repository, or a ref git cannot resolve (gitdb's BadName).
+            raise UsageError(f"{src}: cannot read git ref {tree.ref!r} ({exc})") from exc
+        top = Path(str(repo.working_tree_dir)).resolve()
+        prefix = src.resolve().relative_to(top).as_posix()
+        try:
+            sub = commit.tree / (f"{prefix}/vllm" if prefix != "." else "vllm")
+        except KeyError:
+            raise UsageError(f"{src}: no vllm/ at {tree.ref}") from None
+        for item in sub.traverse():
+            if item.type != "blob":  # type: ignore[union-attr]
+                continue
+            rel = Path(str(item.path)).relative_to(sub.path)  # type: ignore[union-attr]
+            out = dest / "vllm" / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(item.data_stream.read())  # type: ignore[union-attr]
+        return dest
+    if not (src / "vllm").is_dir():
+        raise UsageError(f"{src}: no vllm/ here (name the checkout that holds vllm/)")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", ".git", ".gdn-backport")
+    shutil.copytree(src / "vllm", dest / "vllm", ignore=ignore)
+    return dest
+
+
+class CellRunner:
+    """Runs cells in this process; the unpatched verify of a release is run
+    once and shared by its cells (gather and kernel see the same tree)."""
+
+    def __init__(self, options: RunOptions) -> None:
+        self.options = options
+        self._unpatched: dict[tuple[str, str], Verified] = {}
+
+    def run(self, cell: Cell, stage: Callable[[str], None] | None = None) -> CellResult:
+        res = CellResult(cell)
+        t0 = time.perf_counter()
+        try:
+            with tempfile.TemporaryDirectory(
+                prefix=f"gdn-cell-{cell.id}-", dir=self.options.workdir
+            ) as tmp:
+                self._run(cell, res, Path(tmp), stage or (lambda _: None))
+        except UsageError as exc:
+            res.checks.append(Check("run", False, str(exc)))
+        except Exception as exc:
+            # One broken cell must not stop the others: recorded, with why.
+            import traceback
+
+            res.checks.append(
+                Check("run", False, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+            )
+        res.seconds = time.perf_counter() - t0
+        return res
+
+    def _scan(self, cell: Cell, root: Path, after: bool) -> tuple[Status | None, Check]:
+        t0 = time.perf_counter()
+        _, sites = scan_tree(root)
+        name = "scan after" if after else "scan before"
+        if cell.release is not None:
+            expected = cell.release.status
+            if after and expected is Status.AFFECTED:
+                expected = Status.FIXED
+            status, problems = check_sites(cell.release, sites, expected)
+        else:
+            status, problems = _tree_status(sites, after)
+        seen = status.value if status else "no site"
+        message = "; ".join(problems) if problems else seen
+        return status, Check(
+            name, not problems, message, _sites_text(sites), seconds=time.perf_counter() - t0
+        )
+
+    def _verify(self, cell: Cell, root: Path, phase: str, must_fail: bool) -> Verified:
+        from gdn_backport.harness.scenarios import scenario
+
+        opts = self.options
+        names = opts.scenario_names()
+        key = (str(root), phase)
+        cached = self._unpatched.get(key) if cell.release is not None else None
+        if cached is not None:
+            return dataclasses.replace(cached, seconds=0.0)
+        fail = frozenset(n for n in names if must_fail and scenario(n).expect_unpatched == "fail")
+        t0 = time.perf_counter()
+        report = verify_tree(root, device=opts.device, scenarios=names, heads=opts.layer_heads())
+        done = Verified(phase, report, fail, time.perf_counter() - t0)
+        if cell.release is not None and phase == "unpatched":
+            self._unpatched[key] = dataclasses.replace(done, shared_with=cell.id)
+        return done
+
+    def _verify_checks(self, cell: Cell, v: Verified) -> list[Check]:
+        if v.report.error:
+            reason = cell.release.skip_verify if cell.release else ""
+            if reason:
+                return [Check(f"verify {v.phase}", True, detail=v.report.error, skipped=reason)]
+            return [Check(f"verify {v.phase}", False, f"could not run: {v.report.error}")]
+        out = []
+        for r in v.report.rows:
+            err = f"max_abs_err {_fmt(r.max_abs_err)}, tolerance {_fmt(r.tolerance)}"
+            if r.name in v.must_fail:
+                ok = not r.passed
+                msg = (
+                    f"fails as it must unpatched ({err})"
+                    if ok
+                    else f"passes on the unpatched tree: the suite cannot see the bug ({err})"
+                )
+            else:
+                ok = r.passed
+                msg = err if ok else f"{err}: {r.note}" if r.note else err
+            detail = f"layout {r.layout}\n{r.note}".strip()
+            if v.shared_with:
+                detail += f"\n(same unpatched run as cell {v.shared_with})"
+            out.append(Check(f"verify {v.phase}: {r.name}", ok, msg, detail))
+        return out
+
+    def _run(self, cell: Cell, res: CellResult, tmp: Path, stage: Callable[[str], None]) -> None:
+        from gdn_backport.engine import Mode, apply_tree
+
+        stage("fetch")
+        t0 = time.perf_counter()
+        if cell.release is not None:
+            root = sources.release_tree(cell.release.version)
+        else:
+            assert cell.tree is not None
+            root = _materialise(cell.tree, tmp / "source")
+        res.checks.append(Check("fetch", True, str(root), seconds=time.perf_counter() - t0))
+
+        stage("scan")
+        res.status_before, scanned = self._scan(cell, root, after=False)
+        res.checks.append(scanned)
+        expected = cell.release.status if cell.release else res.status_before
+        affected = expected is Status.AFFECTED
+
+        if cell.strategy == "none":
+            stage("verify")
+            res.unpatched = self._verify(cell, root, "unpatched", must_fail=affected)
+            res.checks += self._verify_checks(cell, res.unpatched)
+            res.status_after = res.status_before
+            return
+
+        if affected:
+            stage("verify unpatched")
+            res.unpatched = self._verify(cell, root, "unpatched", must_fail=True)
+            res.checks += self._verify_checks(cell, res.unpatched)
+
+        stage(f"patch ({cell.strategy})")
+        t0 = time.perf_counter()
+        work = tmp / "patched"
+        if cell.release is not None:
+            sources.copy_release(cell.release.version, work)
+        else:
+            shutil.copytree(root, work)
+        out = apply_tree(work, cell.strategy, Mode.WRITE)
+        res.written = tuple(out.written)
+        refused = "; ".join(f"{p}: {r}" for p, r in out.refused)
+        if refused:
+            ok, msg = False, f"refused: {refused}"
+        elif affected and not out.written:
+            ok, msg = False, f"wrote nothing on an affected tree ({out.message})"
+        elif not affected and out.written:
+            ok, msg = False, f"changed a tree that was not affected: {', '.join(out.written)}"
+        else:
+            ok, msg = out.exit_code == 0, f"exit {out.exit_code}, wrote {len(out.written)} file(s)"
+        res.checks.append(Check("apply", ok, msg, out.diff, seconds=time.perf_counter() - t0))
+
+        stage("scan after")
+        res.status_after, scanned = self._scan(cell, work, after=True)
+        res.checks.append(scanned)
+
+        stage("verify patched")
+        res.patched = self._verify(cell, work, "patched", must_fail=False)
+        res.checks += self._verify_checks(cell, res.patched)
+
+
+def run_cells(
+    todo: Sequence[Cell],
+    options: RunOptions,
+    progress: Callable[[int, int, Cell, str, CellResult | None], None] | None = None,
+) -> list[CellResult]:
+    """Run ``todo`` one after the other in this process.
+
+    ``progress(i, n, cell, stage, result)`` is called when a cell enters a
+    stage (``result`` None) and once when it is done (stage ``"done"``).
+    """
+    runner = CellRunner(options)
+    results = []
+    for i, cell in enumerate(todo, 1):
+
+        def stage(name: str, i: int = i, cell: Cell = cell) -> None:
+            if progress:
+                progress(i, len(todo), cell, name, None)
+
+        res = runner.run(cell, stage)
+        if progress:
+            progress(i, len(todo), cell, "done", res)
+        results.append(res)
+    return results
+
+
+def exit_code(results: Iterable[CellResult]) -> int:
+    """0 every cell ok or skipped as the matrix says, 1 otherwise."""
+    return 0 if all(r.result != "fail" for r in results) else 1
