@@ -5,6 +5,7 @@
     nox -t affected                         # the cells of every affected release
     nox -s matrix                           # every cell in one process, summary table
     nox --no-venv -s matrix                 # the same with this interpreter's packages
+    nox -s wheel                            # build sdist + wheel, twine check, use the wheel
 
 A cell's id is ``<release>-<strategy>``; nox names the session ``cell(<id>)``
 (the id replaces nox's default ``cell(release='0.25.1', strategy='gather')``).
@@ -17,12 +18,13 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["tests", "lint"]
+nox.options.sessions = ["tests", "lint", "wheel"]
 nox.options.reuse_existing_virtualenvs = True
 
 # The CPU build of torch lies on local disk here; a bare `torch` would pull a
@@ -36,8 +38,9 @@ TRITON = os.environ.get("GDN_BACKPORT_TRITON", "triton==3.6.0")
 # package installed, so the strategy rule of gdn_backport.matrix (an affected
 # release runs every strategy of the patchset, the rest "none") is restated
 # here (one line); tests/test_noxfile.py holds both to the same cells.
-MATRIX = nox.project.load_toml(Path(__file__).parent / "matrix" / "releases.toml")
-PATCHSET = nox.project.load_toml(Path(__file__).parent / "patchsets" / "pr51812.toml")
+ROOT = Path(__file__).resolve().parent
+MATRIX = nox.project.load_toml(ROOT / "matrix" / "releases.toml")
+PATCHSET = nox.project.load_toml(ROOT / "patchsets" / "pr51812.toml")
 
 
 def _cells() -> list[nox.param]:
@@ -135,3 +138,41 @@ def cell(session: nox.Session, target: str, strategy: str) -> None:
 def matrix(session: nox.Session) -> None:
     """Every cell in one process and environment; summary table, JSON and Markdown."""
     cells_impl(session)
+
+
+@nox.session
+def wheel(session: nox.Session) -> None:
+    """Build the sdist and, from it, the wheel; `twine check` both; install the
+    wheel into a fresh venv and use it there from outside the checkout."""
+    # build and twine are release tools, needed by this session only.
+    session.install("build", "twine")
+    tmp = Path(session.create_tmp()).resolve()
+    shutil.rmtree(tmp)
+    dist = tmp / "dist"
+    # Without --sdist/--wheel, build makes the wheel from the unpacked sdist:
+    # a file the sdist forgets cannot reach the wheel either.
+    session.run("python", "-m", "build", "--outdir", str(dist), str(ROOT))
+    wheels, sdists = sorted(dist.glob("*.whl")), sorted(dist.glob("*.tar.gz"))
+    if len(wheels) != 1 or len(sdists) != 1:
+        session.error(f"expected one wheel and one sdist in {dist}, found {wheels + sdists}")
+    session.run("twine", "check", "--strict", str(wheels[0]), str(sdists[0]))
+
+    venv = tmp / "venv"
+    session.run(sys.executable, "-m", "venv", str(venv), external=True)
+    bindir = venv / ("Scripts" if os.name == "nt" else "bin")
+    python = str(bindir / "python")
+    pip = [python, "-m", "pip", "install", "-q"]
+    session.run(*pip, TORCH, TRITON, external=True)
+    session.run(*pip, f"{wheels[0]}[kernels]", external=True)
+    # Outside the checkout: nothing may be imported from the source tree.
+    session.chdir(tmp)
+    shutil.copy(ROOT / ".ci" / "installed_wheel.py", tmp)
+    session.run(python, "installed_wheel.py", external=True)
+    cli = str(bindir / "gdn-backport")
+    # 0.25.1 is affected: scan exits 1 and names the site; the matrix check
+    # compares every scan of the release with matrix/releases.toml (exit 0).
+    scan = [cli, "scan", "--release", "0.25.1"]
+    out = session.run(*scan, external=True, success_codes=[1], silent=True)
+    if "affected" not in str(out):
+        session.error(f"gdn-backport scan --release 0.25.1 from the wheel: {out}")
+    session.run(cli, "matrix", "check", "--release", "0.25.1", external=True)
