@@ -86,7 +86,7 @@ def test_cells_are_not_default_and_json_listing_feeds_ci() -> None:
     assert {s["name"] for s in sessions} == {"cell"}
     assert sessions[0]["call_spec"] == {"target": "0.18.0", "strategy": "gather"}
     default = json.loads(_nox("--json", "-l").stdout)
-    assert [s["session"] for s in default] == ["tests", "lint"]
+    assert [s["session"] for s in default] == ["tests", "lint", "wheel"]
 
 
 def test_wants_cuda() -> None:
