@@ -285,6 +285,12 @@ class FlowWalker:
         # The canonical name of an instance -> the scope of its class: what
         # ``self`` is in a method, wherever it is passed on.
         self.instances: dict[str, Scope] = {}
+        # Lambdas being inlined (a lambda that calls itself is not followed).
+        self._inlining: set[int] = set()
+        # A container literal bound to a name (``kw = dict(a=a, ...)``) -> the
+        # values it holds, each with its own rows: ``kernel(**kw)`` is handed
+        # them, not their join.
+        self._members: dict[int, Vals] = {}
 
     @property
     def state(self) -> _FrameState:
@@ -494,6 +500,26 @@ class FlowWalker:
             return f"{self.frame}:{node.value}@{self.version.get((self.frame, node.value), 0)}"
         if isinstance(node, cst.Attribute):
             return f"{self._canon(node.value, env, depth + 1)}.{node.attr.value}"
+        if isinstance(node, cst.BooleanOperation):
+            # ``(a and b)`` and ``b and a`` test what ``a and b`` tests: the
+            # arms of an IfExp must meet the if statement that chose the rows.
+            op = type(node.operator)
+            operands: list[cst.BaseExpression] = [node]
+            while any(isinstance(o, cst.BooleanOperation) and isinstance(o.operator, op)
+                      for o in operands):  # fmt: skip
+                operands = [
+                    part
+                    for o in operands
+                    for part in (
+                        (o.left, o.right)
+                        if isinstance(o, cst.BooleanOperation) and isinstance(o.operator, op)
+                        else (o,)
+                    )
+                ]
+            parts = sorted(self._canon(o, env, depth + 1) for o in operands)
+            return f"{op.__name__.lower()}({', '.join(parts)})"
+        if getattr(node, "lpar", None):
+            node = node.with_changes(lpar=[], rpar=[])
         names = sorted({n.value for n in names_in(node)})
         versions = ",".join(f"{n}@{self.version.get((self.frame, n), 0)}" for n in names)
         return f"{self.frame}:{''.join(code(node).split())}|{versions}"
@@ -619,7 +645,23 @@ class FlowWalker:
 
     def _small(self, small: cst.BaseSmallStatement, env: Env) -> None:
         if isinstance(small, cst.Assign):
-            vals = self.ev(small.value, env)
+            if isinstance(small.value, cst.Lambda) and all(
+                isinstance(t.target, cst.Name) for t in small.targets
+            ):
+                # ``pick = lambda t: ...``: its body runs where it is called.
+                vals: Vals = frozenset({NONE_VAL})
+            elif _is_container(small.value) and len(small.targets) == 1:
+                parts = [self.ev(e, env) for e in _sub_exprs(small.value)]
+                self._bind_target(
+                    small.targets[0].target, small.value, self._combine(parts, join), env
+                )
+                if isinstance(small.targets[0].target, cst.Name):
+                    self._members[len(self.flow.defs) - 1] = self._cap(
+                        {v for part in parts for v in part}
+                    )
+                return
+            else:
+                vals = self.ev(small.value, env)
             for target in small.targets:
                 self._bind_target(target.target, small.value, vals, env)
         elif isinstance(small, cst.AnnAssign):
@@ -845,7 +887,12 @@ class FlowWalker:
                     if a is not None:
                         out.add(Val(a, v.prov, v.defs))
             return self._cap(out) if out else frozenset({NONE_VAL})
-        if isinstance(node, (cst.Lambda, cst.BaseString, cst.Integer, cst.Float)):
+        if isinstance(node, cst.Lambda):
+            # Handed on (a callback, a graph capture): what its body calls is
+            # judged here, with parameters whose rows nobody knows.
+            self._inline_lambda(node, env)
+            return frozenset({NONE_VAL})
+        if isinstance(node, (cst.BaseString, cst.Integer, cst.Float)):
             return frozenset({NONE_VAL})
         if isinstance(node, (cst.GeneratorExp, cst.ListComp, cst.SetComp)):
             return self._comprehension(node, node.elt, env)
@@ -857,6 +904,94 @@ class FlowWalker:
                 self._assign_vals(env, node.target.value, node.value, vals)
             return vals
         return self._combine([self.ev(c, env) for c in _sub_exprs(node)], join)
+
+    def _latest_defs(self, name: str, env: Env) -> set[int]:
+        """The definitions of ``name`` that reach here (one per arm)."""
+        out = set()
+        for v in env.get(name, ()):
+            mine = [i for i in v.defs if self.flow.defs[i].name == name]
+            if mine:
+                out.add(max(mine))
+        return out
+
+    def _starred_members(self, name: str, env: Env) -> Vals | None:
+        """What ``*name``/``**name`` hands a call when every definition that
+        reaches here is a container literal: its members, one value each."""
+        defs = self._latest_defs(name, env)
+        if not defs or any(i not in self._members for i in defs):
+            return None
+        return self._cap({v for i in defs for v in self._members[i]})
+
+    def _local_lambda(self, name: str, env: Env) -> cst.Lambda | None:
+        """The lambda ``name`` holds here, if every reaching definition is one
+        and the same lambda."""
+        lams = {
+            id(d.value): d.value
+            for i in self._latest_defs(name, env)
+            if (d := self.flow.defs[i]).frame == self.frame
+        }
+        if len(lams) != 1:
+            return None
+        lam = next(iter(lams.values()))
+        return lam if isinstance(lam, cst.Lambda) else None
+
+    def _inline_lambda(
+        self,
+        lam: cst.Lambda,
+        env: Env,
+        args: Sequence[tuple[str | None, cst.Arg, Vals]] | None = None,
+    ) -> Vals:
+        """Evaluate ``lam``'s body where it is called, its parameters bound to
+        the call's arguments (free names read as they are here, as Python's
+        closures do); ``*rest``/``**rest`` hold what no named parameter took.
+        Without a call, or with one that cannot be bound, the parameters hold
+        rows of unknown selection: never "all rows"."""
+        unknown = frozenset({Val(NO_ASSUME, Prov.CONFLICT)})
+        if id(lam) in self._inlining:
+            return unknown
+        params = lam.params
+        positional = [p.name.value for p in (*params.posonly_params, *params.params)]
+        named = {*positional, *(p.name.value for p in params.kwonly_params)}
+        bound: dict[str, Vals] = {}
+        extra_pos: set[Val] = set()
+        extra_kw: set[Val] = set()
+        ok = args is not None
+        index = 0
+        for keyword, arg, vals in args or ():
+            if arg.star:
+                # ``f(*xs)``/``f(**kw)``: which parameter gets what is unknown.
+                (extra_pos if arg.star == "*" else extra_kw).update(vals)
+                ok = ok and isinstance(params.star_arg if arg.star == "*" else params.star_kwarg,
+                                       cst.Param)  # fmt: skip
+            elif keyword is None:
+                if index < len(positional):
+                    bound[positional[index]] = vals
+                    index += 1
+                else:
+                    extra_pos.update(vals)
+                    ok = ok and isinstance(params.star_arg, cst.Param)
+            elif keyword in named:
+                bound[keyword] = vals
+            else:
+                extra_kw.update(vals)
+                ok = ok and isinstance(params.star_kwarg, cst.Param)
+        inner = dict(env)
+        for star, extra in ((params.star_arg, extra_pos), (params.star_kwarg, extra_kw)):
+            if isinstance(star, cst.Param):
+                inner[star.name.value] = self._cap(extra) if ok and extra else unknown
+        for p in (*params.posonly_params, *params.params, *params.kwonly_params):
+            name = p.name.value
+            if ok and name in bound:
+                inner[name] = bound[name]
+            elif ok and p.default is not None:
+                inner[name] = self.ev(p.default, env)
+            else:
+                inner[name] = unknown
+        self._inlining.add(id(lam))
+        try:
+            return self.ev(lam.body, inner)
+        finally:
+            self._inlining.discard(id(lam))
 
     def _comprehension(
         self,
@@ -943,10 +1078,32 @@ class FlowWalker:
 
     def _call(self, node: cst.Call, env: Env) -> Vals:
         func = node.func
+        lam = func if isinstance(func, cst.Lambda) else None
+        if isinstance(func, cst.Name):
+            lam = self._local_lambda(func.value, env)
+        elif not isinstance(func, (cst.Attribute, cst.Lambda)):
+            # ``fns[i](...)``, ``make()(...)``: what picks the callee runs too.
+            self.ev(func, env)
         arg_vals: list[tuple[str | None, cst.Arg, Vals]] = []
         for arg in node.args:
             kw = arg.keyword.value if arg.keyword is not None else None
-            arg_vals.append((kw, arg, self.ev(arg.value, env)))
+            vals = self.ev(arg.value, env)
+            if arg.star and isinstance(arg.value, cst.Name):
+                vals = self._starred_members(arg.value.value, env) or vals
+            arg_vals.append((kw, arg, vals))
+            if isinstance(arg.value, cst.Name):
+                handed = self._local_lambda(arg.value.value, env)
+                if handed is not None:
+                    self._inline_lambda(handed, env)
+        if lam is not None:
+            # The call is recorded as any call is (a lambda handed the spec
+            # slots is judged as a callee), and its body runs here.
+            name = func.value if isinstance(func, cst.Name) else None
+            self.flow.calls.append(
+                CallRecord(node, name, self.path, arg_vals, any(a.star for a in node.args),
+                           self.frame)
+            )  # fmt: skip
+            return self._inline_lambda(lam, env, arg_vals)
         starred = any(a.star for a in node.args)
         name = dotted(func)
         callee = self._resolve(name, env) if name else None
@@ -1276,6 +1433,13 @@ def _object_params(func: cst.FunctionDef) -> set[str]:
         ):
             objects.add(node.value.value)
     return objects
+
+
+def _is_container(node: cst.BaseExpression) -> bool:
+    """A literal list, tuple, set or dict, or ``dict(...)``."""
+    if isinstance(node, (cst.List, cst.Tuple, cst.Set, cst.Dict)):
+        return True
+    return isinstance(node, cst.Call) and dotted(node.func) == "dict"
 
 
 def _sub_exprs(node: cst.CSTNode) -> list[cst.BaseExpression]:
