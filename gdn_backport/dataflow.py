@@ -1253,7 +1253,7 @@ class FlowWalker:
             if arg is not None:
                 canon = (
                     self._canon(arg.value, env)
-                    if isinstance(arg.value, (cst.Name, cst.Attribute))
+                    if isinstance(arg.value, (cst.Name, cst.Attribute)) or _plain_test(arg.value)
                     else None
                 )
                 vals = recorded[id(arg)]
@@ -1433,6 +1433,19 @@ def _object_params(func: cst.FunctionDef) -> set[str]:
         ):
             objects.add(node.value.value)
     return objects
+
+
+def _plain_test(node: cst.BaseExpression) -> bool:
+    """A condition of names, attributes and constants (``md.num_prefills == 0
+    and md.num_decodes == 0``): handed to a helper, the parameter tests what
+    the caller's own ``if`` on it tests. Calls and subscripts may give another
+    value each time and are never named so."""
+    if not isinstance(node, (cst.BooleanOperation, cst.Comparison, cst.UnaryOperation)):
+        return False
+    return not any(
+        isinstance(n, (cst.Call, cst.Subscript, cst.NamedExpr, cst.Await, cst.Lambda))
+        for n in walk(node)
+    )
 
 
 def _is_container(node: cst.BaseExpression) -> bool:

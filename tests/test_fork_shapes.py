@@ -43,6 +43,8 @@ def with_call(lines: str) -> str:
     return HEADER + AFFECTED[:_start] + body + AFFECTED[_end:]
 
 
+HELPER_ROWS = "def _rows(t, idx, pure):\n    return t if pure else t.index_select(0, idx)\n\n\n"
+
 FIXED_SHAPES = {
     # upstream's placement as a conditional expression: the test that chose
     # the q/k/v rows, written with parentheses
@@ -55,6 +57,9 @@ FIXED_SHAPES = {
         " else torch.index_select(a, 0, spec_token_indx)",
         "b if (m.num_decodes == 0 and m.num_prefills == 0) else b.index_select(0, spec_token_indx)",
     ),
+    # a module helper handed the pure-spec test as a value
+    "helper_given_the_test": HELPER_ROWS
+    + with_gates(f"_rows(a, spec_token_indx, {PURE})", f"_rows(b, spec_token_indx, {PURE})"),
     # a local lambda that gathers, called on each gate
     "lambda_gathers": with_call(f"""
         pick = lambda t: t if {PURE} else t.index_select(0, spec_token_indx)
@@ -67,6 +72,11 @@ BUGGY_SHAPES = {
     "ifexp_weaker_test": with_gates(
         "a if m.num_prefills == 0 else a[spec_token_indx]",
         "b if m.num_prefills == 0 else b[spec_token_indx]",
+    ),
+    "helper_given_a_weaker_test": HELPER_ROWS
+    + with_gates(
+        "_rows(a, spec_token_indx, m.num_prefills == 0)",
+        "_rows(b, spec_token_indx, m.num_prefills == 0)",
     ),
     "ifexp_negated_test": with_gates(
         f"a if not {PURE} else a[spec_token_indx]", f"b if not {PURE} else b[spec_token_indx]"
