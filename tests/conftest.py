@@ -9,11 +9,19 @@ from typing import Any
 import pytest
 
 from gdn_backport import sources
+from gdn_backport.cli import main
 from gdn_backport.codemods.gather_gates import GatherGatesCodemod
 
 # The upstream-shaped example of the gather codemod: an affected site.
 AFFECTED = GatherGatesCodemod.REWRITES[0][0]
 FIXED = GatherGatesCodemod.REWRITES[0][1]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """The CLI in process: its exit code, stdout and stderr."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 @pytest.fixture

@@ -30,20 +30,13 @@ from typing import Any
 import pytest
 
 from gdn_backport import atomic, engine, sources
-from gdn_backport.cli import main
 from gdn_backport.codemods.base import Rewrite, SiteCodemod
 from gdn_backport.codemods.gather_gates import GatherGatesCodemod
-from tests.conftest import AFFECTED, FIXED
+from tests.conftest import AFFECTED, FIXED, run
 from tests.test_engine import SITE
 
 REPO = Path(__file__).resolve().parents[1]
 WRAPPED = GatherGatesCodemod.REFUSES[1][0]  # a kernel behind an unknown wrapper
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gdn_backport.cli import main
 from gdn_backport.scan import scan_tree
+from tests.conftest import run
 
 KERNEL = "fused_sigmoid_gating_delta_rule_update"
 
@@ -55,12 +55,6 @@ def tree(tmp_path: Path, files: dict[str, str]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))
     return root
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def scan_json(

@@ -8,13 +8,8 @@ from pathlib import Path
 import pytest
 
 from gdn_backport.cli import main
+from tests.conftest import run
 from tests.test_engine import SITE, snapshot
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_scan_json_contract(capsys: pytest.CaptureFixture[str], affected_tree: Path) -> None:

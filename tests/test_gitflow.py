@@ -13,9 +13,8 @@ import git
 import pytest
 
 from gdn_backport import __version__, atomic, sources
-from gdn_backport.cli import main
 from gdn_backport.engine import apply_tree
-from tests.conftest import AFFECTED, FIXED
+from tests.conftest import AFFECTED, FIXED, run
 from tests.test_engine import SITE
 
 BRANCH = "gdn-backport/pr51812"
@@ -60,12 +59,6 @@ def state(repo: git.Repo) -> tuple[object, ...]:
         repo.git.rev_parse("HEAD"),
         repo.head.reference.path,
     )
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_commit_makes_a_branch_with_only_the_patched_file(

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from gdn_backport import atomic, installed
-from gdn_backport.cli import main
 from gdn_backport.engine import apply_tree
-from tests.conftest import AFFECTED, FIXED
+from tests.conftest import AFFECTED, FIXED, run
 from tests.test_bad_inputs import immutable
 
 SITE = "vllm/model_executor/layers/mamba/gdn_linear_attn.py"
@@ -39,12 +38,6 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delitem(sys.modules, "vllm", raising=False)
     monkeypatch.syspath_prepend(str(root))  # also invalidates the finders' caches
     return root
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def files(root: Path) -> dict[str, bytes]:

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from gdn_backport import atomic
 from gdn_backport.cli import main
 from gdn_backport.records import Records
-from tests.conftest import AFFECTED, FIXED
+from tests.conftest import AFFECTED, FIXED, run
 from tests.test_engine import SITE
 
 STATE = atomic.STATE_DIR
@@ -35,12 +35,6 @@ STATE = atomic.STATE_DIR
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def files(root: Path) -> dict[str, bytes]:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -183,15 +184,17 @@ class _Md:
         self.num_accepted_tokens = torch.tensor([2])
 
 
-def test_patched_method_runs_in_its_module_and_gives_the_kernel_spec_gates(fake: Any) -> None:
-    torch = pytest.importorskip("torch")
-    fake()
-    module = importlib.import_module(GDN)
-    got: list[Any] = []
+def _spec_gate_rows(
+    module: Any, torch: Any, steps: int = 1, after_step: Callable[[], object] = lambda: None
+) -> list[list[float]]:
+    """Run the live ``Layer._forward_core`` of ``module`` on :class:`_Md`'s
+    step ``steps`` times, the kernel replaced by a recorder: the gate rows
+    ``a`` that each spec call (the one given accepted tokens) received."""
+    got: list[list[float]] = []
 
     def kernel(**kw: Any) -> tuple[Any, None]:
         if kw.get("num_accepted_tokens") is not None:
-            got.append(kw["a"])
+            got.append(kw["a"].flatten().tolist())
         return kw["q"], None
 
     md = _Md(torch)
@@ -201,12 +204,20 @@ def test_patched_method_runs_in_its_module_and_gives_the_kernel_spec_gates(fake:
     layer.kv_cache, layer.A_log, layer.dt_bias = [None, None], None, None
     layer.rearrange_mixed_qkv = lambda x: (x, x, x)
     a = torch.arange(4.0)[:, None]
-    for _ in range(2):
+    for _ in range(steps):
         _method()(layer, torch.zeros(4, 1), a.clone(), a, None)
-        plugin.register()
+        after_step()
+    return got
+
+
+def test_patched_method_runs_in_its_module_and_gives_the_kernel_spec_gates(fake: Any) -> None:
+    torch = pytest.importorskip("torch")
+    fake()
+    module = importlib.import_module(GDN)
+    got = _spec_gate_rows(module, torch, steps=2, after_step=plugin.register)
     # Unpatched the spec kernel gets every token's gates (it reads rows 0-2:
     # the bug); patched, the spec tokens' rows 1-3.
-    assert [g.flatten().tolist() for g in got] == [[0, 1, 2, 3], [1, 2, 3]]
+    assert got == [[0, 1, 2, 3], [1, 2, 3]]
 
 
 # One release per affected layout: models/qwen3_next.py (0.18),
@@ -269,21 +280,7 @@ def test_a_chained_spec_path_is_patched_in_the_live_caller(fake: Any) -> None:
     helper = module.Layer.__dict__["_spec_update"]
     assert getattr(helper, MARKER, None) is None  # the helper is left as it is
     assert "_spec_update(a_spec, b_spec, q, k, v" in inspect.getsource(_method())
-    got: list[Any] = []
-
-    def kernel(**kw: Any) -> tuple[Any, None]:
-        got.append(kw["a"])
-        return kw["q"], None
-
-    md = _Md(torch)
-    module.fused_sigmoid_gating_delta_rule_update = kernel
-    module.get_forward_context = lambda: types.SimpleNamespace(attn_metadata={"p": md})
-    layer = module.Layer("p")
-    layer.kv_cache, layer.A_log, layer.dt_bias = [None, None], None, None
-    layer.rearrange_mixed_qkv = lambda x: (x, x, x)
-    a = torch.arange(4.0)[:, None]
-    _method()(layer, torch.zeros(4, 1), a.clone(), a, None)
     # Through the helper, the kernel gets the spec tokens' gate rows 1-3.
-    assert [g.flatten().tolist() for g in got] == [[1, 2, 3]]
+    assert _spec_gate_rows(module, torch) == [[1, 2, 3]]
     [method] = [m for m in live.live_methods(module) if m.name == "_forward_core"]
     assert method.status.value == "fixed"

@@ -17,17 +17,10 @@ from pathlib import Path
 import pytest
 
 from gdn_backport import atomic, sources
-from gdn_backport.cli import main
-from tests.conftest import AFFECTED, FIXED
+from tests.conftest import AFFECTED, FIXED, run
 from tests.test_engine import SITE
 
 DIGEST = "d" * 64
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def files(root: Path) -> dict[str, bytes]:
