@@ -486,17 +486,12 @@ class FlowWalker:
         if isinstance(node, cst.Name):
             if node.value in ("None", "True", "False"):
                 return node.value
-            vals = env.get(node.value)
-            if vals:
-                latest = {
-                    max((i for i in v.defs if self.flow.defs[i].name == node.value), default=-1)
-                    for v in vals
-                }
-                if len(latest) == 1 and -1 not in latest and depth < 8:
-                    d = self.flow.defs[latest.pop()]
-                    if d.canon is not None:
-                        return d.canon
-                    return f"{d.frame}:{node.value}#{d.id}"
+            latest = self._latest_defs(node.value, env)
+            if latest is not None and len(latest) == 1 and depth < 8:
+                d = self.flow.defs[latest.pop()]
+                if d.canon is not None:
+                    return d.canon
+                return f"{d.frame}:{node.value}#{d.id}"
             return f"{self.frame}:{node.value}@{self.version.get((self.frame, node.value), 0)}"
         if isinstance(node, cst.Attribute):
             return f"{self._canon(node.value, env, depth + 1)}.{node.attr.value}"
@@ -645,6 +640,7 @@ class FlowWalker:
 
     def _small(self, small: cst.BaseSmallStatement, env: Env) -> None:
         if isinstance(small, cst.Assign):
+            members: Vals | None = None
             if isinstance(small.value, cst.Lambda) and all(
                 isinstance(t.target, cst.Name) for t in small.targets
             ):
@@ -652,18 +648,14 @@ class FlowWalker:
                 vals: Vals = frozenset({NONE_VAL})
             elif _is_container(small.value) and len(small.targets) == 1:
                 parts = [self.ev(e, env) for e in _sub_exprs(small.value)]
-                self._bind_target(
-                    small.targets[0].target, small.value, self._combine(parts, join), env
-                )
-                if isinstance(small.targets[0].target, cst.Name):
-                    self._members[len(self.flow.defs) - 1] = self._cap(
-                        {v for part in parts for v in part}
-                    )
-                return
+                vals = self._combine(parts, join)
+                members = self._cap({v for part in parts for v in part})
             else:
                 vals = self.ev(small.value, env)
             for target in small.targets:
                 self._bind_target(target.target, small.value, vals, env)
+                if members is not None and isinstance(target.target, cst.Name):
+                    self._members[len(self.flow.defs) - 1] = members
         elif isinstance(small, cst.AnnAssign):
             if small.value is not None:
                 vals = self.ev(small.value, env)
@@ -905,20 +897,22 @@ class FlowWalker:
             return vals
         return self._combine([self.ev(c, env) for c in _sub_exprs(node)], join)
 
-    def _latest_defs(self, name: str, env: Env) -> set[int]:
-        """The definitions of ``name`` that reach here (one per arm)."""
+    def _latest_defs(self, name: str, env: Env) -> set[int] | None:
+        """The definitions of ``name`` that reach here (one per arm), or None
+        when ``name`` holds nothing here or a value no definition made."""
         out = set()
         for v in env.get(name, ()):
             mine = [i for i in v.defs if self.flow.defs[i].name == name]
-            if mine:
-                out.add(max(mine))
-        return out
+            if not mine:
+                return None
+            out.add(max(mine))
+        return out or None
 
     def _starred_members(self, name: str, env: Env) -> Vals | None:
         """What ``*name``/``**name`` hands a call when every definition that
         reaches here is a container literal: its members, one value each."""
         defs = self._latest_defs(name, env)
-        if not defs or any(i not in self._members for i in defs):
+        if defs is None or any(i not in self._members for i in defs):
             return None
         return self._cap({v for i in defs for v in self._members[i]})
 
@@ -927,7 +921,7 @@ class FlowWalker:
         and the same lambda."""
         lams = {
             id(d.value): d.value
-            for i in self._latest_defs(name, env)
+            for i in self._latest_defs(name, env) or ()
             if (d := self.flow.defs[i]).frame == self.frame
         }
         if len(lams) != 1:
@@ -1095,16 +1089,13 @@ class FlowWalker:
                 handed = self._local_lambda(arg.value.value, env)
                 if handed is not None:
                     self._inline_lambda(handed, env)
+        starred = any(a.star for a in node.args)
         if lam is not None:
             # The call is recorded as any call is (a lambda handed the spec
             # slots is judged as a callee), and its body runs here.
             name = func.value if isinstance(func, cst.Name) else None
-            self.flow.calls.append(
-                CallRecord(node, name, self.path, arg_vals, any(a.star for a in node.args),
-                           self.frame)
-            )  # fmt: skip
+            self.flow.calls.append(CallRecord(node, name, self.path, arg_vals, starred, self.frame))
             return self._inline_lambda(lam, env, arg_vals)
-        starred = any(a.star for a in node.args)
         name = dotted(func)
         callee = self._resolve(name, env) if name else None
         record = CallRecord(node, callee, self.path, arg_vals, starred, self.frame)
