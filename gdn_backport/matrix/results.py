@@ -17,7 +17,7 @@ from typing import TextIO
 
 from gdn_backport import __version__, sources
 from gdn_backport.matrix.model import Cell
-from gdn_backport.matrix.runner import CellResult, RunOptions, _fmt
+from gdn_backport.matrix.runner import CellResult, RunOptions, format_err
 from gdn_backport.report import table
 
 
@@ -91,9 +91,9 @@ def environment_line(env: dict[str, object]) -> str:
 def _worst(res: CellResult) -> str:
     parts = []
     if res.unpatched and res.unpatched.worst is not None:
-        parts.append(_fmt(res.unpatched.worst))
+        parts.append(format_err(res.unpatched.worst))
     if res.patched and res.patched.worst is not None:
-        parts.append(_fmt(res.patched.worst))
+        parts.append(format_err(res.patched.worst))
     return " -> ".join(parts) or "-"
 
 

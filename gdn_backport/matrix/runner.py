@@ -205,7 +205,8 @@ def _sites_text(sites: Sequence[Site]) -> str:
     return "\n".join(f"{s.path}:{s.line} {s.function}: {s.status.value}" for s in sites)
 
 
-def _fmt(x: float) -> str:
+def format_err(x: float) -> str:
+    """An error or a tolerance as the tables and messages print it."""
     return f"{x:.3g}"
 
 
@@ -314,7 +315,7 @@ class CellRunner:
             return [Check(f"verify {v.phase}", False, f"could not run: {v.report.error}")]
         out = []
         for r in v.report.rows:
-            err = f"max_abs_err {_fmt(r.max_abs_err)}, tolerance {_fmt(r.tolerance)}"
+            err = f"max_abs_err {format_err(r.max_abs_err)}, tolerance {format_err(r.tolerance)}"
             if r.name in v.must_fail:
                 ok = not r.passed
                 msg = (
