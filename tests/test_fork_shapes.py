@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from gdn_backport.scan import scan_tree
-from tests.conftest import AFFECTED
+from tests.conftest import AFFECTED, run
+from tests.test_chains import tree
 
 KERNEL = "fused_sigmoid_gating_delta_rule_update"
 HEADER = f"import torch\nfrom vllm.model_executor.layers.fla.ops import {KERNEL}\n\n\n"
@@ -115,14 +116,12 @@ BUGGY_SHAPES = {
 }
 
 
+SITE = "vllm/model_executor/layers/mamba/gdn_linear_attn.py"
+
+
 def _tree(tmp_path: Path, text: str) -> Path:
-    compile(text, "shape", "exec")
-    root = tmp_path / "tree"
-    path = root / "vllm/model_executor/layers/mamba/gdn_linear_attn.py"
-    path.parent.mkdir(parents=True)
-    (root / "vllm/__init__.py").write_text("")
-    path.write_text(text)
-    return root
+    compile(text, "shape", "exec")  # a shape that is not Python is a broken test
+    return tree(tmp_path, {SITE: text})
 
 
 def _statuses(root: Path) -> set[str]:
@@ -143,13 +142,12 @@ def test_a_buggy_shape_is_never_missed(tmp_path: Path, name: str) -> None:
 
 @pytest.mark.parametrize("name", ["lambda_called_by_name", "kwargs_dict_call", "args_tuple"])
 def test_apply_refuses_what_it_cannot_rewrite_and_changes_nothing(
-    tmp_path: Path, name: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
 ) -> None:
-    from gdn_backport.cli import main
-
     root = _tree(tmp_path, BUGGY_SHAPES[name])
-    path = root / "vllm/model_executor/layers/mamba/gdn_linear_attn.py"
+    path = root / SITE
     before = path.read_bytes()
-    assert main(["apply", str(root)]) == 2
+    code, _, err = run(capsys, "apply", str(root))
+    assert code == 2 and str(path) in err, err
     assert path.read_bytes() == before
     assert not (root / ".gdn-backport").exists()
