@@ -117,7 +117,7 @@ class Outcome:
         }
 
 
-def _diff(rel: str, old: str, new: str) -> str:
+def unified_diff(rel: str, old: str, new: str) -> str:
     return "".join(
         difflib.unified_diff(
             old.splitlines(keepends=True), new.splitlines(keepends=True), f"a/{rel}", f"b/{rel}"
@@ -225,7 +225,7 @@ def _apply(
     elif mode is Mode.DRY_RUN:
         out.message = "dry run: nothing was changed"
     elif mode is Mode.WRITE:
-        _write(root, staged, strategy, patchset.upstream, out, within)
+        write_staged(root, staged, strategy, patchset.upstream, out, within)
         changed = {relative(file, root) for file in texts}
         for c in out.changes:
             c.changed = c.site.path in changed and c.rewritten.status is not c.site.status
@@ -283,7 +283,7 @@ def _stage(
     except Refusal as exc:
         out.refused.append((rel, exc.reason))
         return None
-    out.diff += _diff(rel, text, result.text)
+    out.diff += unified_diff(rel, text, result.text)
     return file, result, (dest, relative(dest, root), original, data)
 
 
@@ -403,7 +403,7 @@ def _replace_all(files: list[tuple[Path, bytes, bytes]]) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def _write(
+def write_staged(
     root: Path,
     staged: list[Staged],
     strategy: str,
@@ -513,7 +513,7 @@ def _revert_files(
             out.refused.append((rel, "changed since gdn-backport patched it; not restoring"))
             continue
         original = records.original(rec)
-        out.diff += _diff(rel, _text(file, current), _text(file, original))
+        out.diff += unified_diff(rel, _text(file, current), _text(file, original))
         restore.append((file, rel, current, original, rec))
     if out.refused:
         out.message = "refused: nothing was changed"

@@ -29,6 +29,8 @@ class Site:
     # Where the file really is, when ``path`` reaches it through a symbolic
     # link (JSON ``"target"``, only then).
     target: str | None = None
+    # The patchset whose analysis found the site (patchsets/<id>.toml).
+    patchset: str = "pr51812"
 
     def to_json(self) -> dict[str, object]:
         d = asdict(self)

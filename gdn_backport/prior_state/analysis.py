@@ -1,0 +1,404 @@
+"""Find and judge, by reading the code, how a tree classifies rows with no
+prior state (vLLM PR #51565).
+
+Two kinds of site:
+
+**Builders.** A class method ``build`` that calls the split function
+(``split_decodes_and_prefills``) and fills a GDN-family metadata field. Its
+verdict comes from the split call:
+
+- no ``treat_short_extends_as_decodes=False``: rows are classified by query
+  length alone, a new request's one-token first chunk is a decode and reads
+  its recycled slot unmasked: ``affected``;
+- ``treat_short_extends_as_decodes=False`` on metadata whose
+  ``is_prefilling`` was replaced by a value compared against a prior-state
+  field (``seq_lens_cpu_upper_bound <= query_lens``, ...): ``fixed``;
+- the same on the runner's own ``is_prefilling`` (every prompt chunk a
+  prefill, as vLLM's Mamba builders do): ``not_affected``;
+- ``decode_threshold=0``: no decodes at all, ``not_affected``;
+- anything else, or a family builder with no split call: ``unknown``.
+
+A ``fixed`` or ``not_affected`` builder must also not count one-token rows
+as decodes by length elsewhere in ``build`` (the spec branch of 0.10-0.17
+did): such a count needs a later reset to 0 in the same block, else the
+site is ``unknown``.
+
+**Runners.** Where a step may replay a FULL decode CUDA graph for a batch
+whose rows all have the decode length: V1's dispatch call of a real step
+(``_determine_batch_execution_and_padding`` without ``force_uniform_decode``)
+and V2's ``get_uniform_token_count``. The builder fills the graph's
+persistent decode buffers only when it reports no prefill, so once it calls
+a one-token row a prefill that replay runs on the previous step's buffers.
+A runner is ``fixed`` when the route is closed to batches with a row that
+has no computed tokens (our guard: ``force_uniform_decode=False if ...
+num_computed_tokens_cpu ... == 0 ...``; for V2 a following ``if`` that sets
+the count to None), ``affected`` when it is open and some builder of the
+tree may call a one-token row a prefill (a half fix: 0.31.0-0.33.0 ship
+it), else ``not_affected`` (the builder calls every one-token row a decode,
+as the route assumes).
+
+Nothing here is a version lookup: a fork with the same code gets the same
+verdict, and one that differs gets ``unknown`` rather than a guess.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from gdn_backport.analysis import Status
+from gdn_backport.prior_state.config import Config
+
+PATCHSET = "pr51565"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A site as the analysis of one module sees it."""
+
+    kind: str  # "builder", "runner_v1" or "runner_v2"
+    function: str  # Class.method
+    line: int
+    status: Status
+    reason: str
+    # builder: may call a one-token row a prefill; runner: the route is guarded.
+    reclassifies: bool = False
+    guarded: bool = False
+
+
+def _name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def _calls(node: ast.AST, name: str) -> Iterator[ast.Call]:
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call) and _name(n.func) == name:
+            yield n
+
+
+def _keyword(call: ast.Call, name: str) -> ast.expr | None:
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def _attrs(node: ast.AST) -> set[str]:
+    return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)} | {
+        n.id for n in ast.walk(node) if isinstance(n, ast.Name)
+    }
+
+
+def _methods(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef]]:
+    for cls in tree.body:
+        if isinstance(cls, ast.ClassDef):
+            for fn in cls.body:
+                if isinstance(fn, ast.FunctionDef):
+                    yield f"{cls.name}.{fn.name}", fn
+
+
+def _assignments(fn: ast.FunctionDef, name: str) -> list[ast.expr]:
+    """The values assigned to the local ``name`` (``x = v``, ``x op= v``)."""
+    out: list[ast.expr] = []
+    for n in ast.walk(fn):
+        if (
+            isinstance(n, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
+        ) or (
+            isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name) and n.target.id == name
+        ):
+            out.append(n.value)
+    return out
+
+
+def _params(fn: ast.FunctionDef) -> list[str]:
+    a = fn.args
+    return [p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]]
+
+
+# -- builders ---------------------------------------------------------------------
+
+
+def _replaced_is_prefilling(node: ast.expr, fn: ast.FunctionDef) -> ast.expr | bool | None:
+    """What ``is_prefilling`` the split call's metadata argument carries:
+    the expression it was replaced with, True for the metadata as the caller
+    gave it, None when the analysis cannot tell."""
+    if isinstance(node, ast.Call) and _name(node.func) == "replace":
+        value = _keyword(node, "is_prefilling")
+        return value if value is not None else True
+    if isinstance(node, ast.Name):
+        if node.id in _params(fn):
+            return True
+        values = _assignments(fn, node.id)
+        if len(values) == 1:
+            return _replaced_is_prefilling(values[0], fn)
+    return None
+
+
+def _compares_prior_state(
+    value: ast.expr, fn: ast.FunctionDef, cfg: Config, depth: int = 0
+) -> bool:
+    """``value`` (through the locals it reads) compares a prior-state field."""
+    for n in ast.walk(value):
+        if isinstance(n, ast.Compare) and _attrs(n) & cfg.prior_state:
+            return True
+    if depth < 3:
+        for n in ast.walk(value):
+            if isinstance(n, ast.Name):
+                for v in _assignments(fn, n.id):
+                    if v is not value and _compares_prior_state(v, fn, cfg, depth + 1):
+                        return True
+    return False
+
+
+def _length_counts(fn: ast.FunctionDef, count: str) -> list[int]:
+    """Lines where ``count`` (the decode count) is set from a ``== 1`` test
+    of query lengths and no later statement of the same block sets it to 0
+    under a condition: one-token rows counted as decodes by length alone."""
+    bad: list[int] = []
+    for block in ast.walk(fn):
+        for field_name in ("body", "orelse"):
+            stmts = getattr(block, field_name, None)
+            if not isinstance(stmts, list):
+                continue
+            for i, stmt in enumerate(stmts):
+                if not (
+                    isinstance(stmt, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == count for t in stmt.targets)
+                    and any(
+                        isinstance(c, ast.Compare)
+                        and any(isinstance(op, ast.Eq) for op in c.ops)
+                        and any(
+                            isinstance(x, ast.Constant) and x.value == 1
+                            for x in [c.left, *c.comparators]
+                        )
+                        for c in ast.walk(stmt.value)
+                    )
+                ):
+                    continue
+                reset = any(
+                    isinstance(later, ast.If)
+                    and any(
+                        isinstance(a, ast.Assign)
+                        and any(isinstance(t, ast.Name) and t.id == count for t in a.targets)
+                        and isinstance(a.value, ast.Constant)
+                        and a.value.value == 0
+                        for a in ast.walk(later)
+                    )
+                    for later in stmts[i + 1 :]
+                )
+                if not reset:
+                    bad.append(stmt.lineno)
+    return bad
+
+
+def _split_target(fn: ast.FunctionDef, call: ast.Call) -> ast.Assign | None:
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Assign) and n.value is call:
+            return n
+    return None
+
+
+def _judge_split(fn: ast.FunctionDef, call: ast.Call, cfg: Config) -> tuple[Status, str, bool]:
+    threshold = _keyword(call, "decode_threshold")
+    if threshold is None and len(call.args) > 1:
+        threshold = call.args[1]
+    if isinstance(threshold, ast.Constant) and threshold.value == 0:
+        return Status.NOT_AFFECTED, "decode_threshold=0: every row is a prefill", True
+    treat = _keyword(call, cfg.needs_param)
+    if treat is None or (isinstance(treat, ast.Constant) and treat.value is True):
+        return (
+            Status.AFFECTED,
+            f"{cfg.split} classifies by query length alone: a new request's one-token "
+            "first chunk is a decode and reads its recycled state slot unmasked",
+            False,
+        )
+    if not (isinstance(treat, ast.Constant) and treat.value is False):
+        return Status.UNKNOWN, f"{cfg.needs_param} is not a constant", False
+    if not call.args:
+        return Status.UNKNOWN, f"{cfg.split} gets its metadata by keyword", False
+    replaced = _replaced_is_prefilling(call.args[0], fn)
+    if replaced is None:
+        return (
+            Status.UNKNOWN,
+            f"cannot tell which is_prefilling the metadata handed to {cfg.split} carries",
+            False,
+        )
+    if replaced is True:
+        return (
+            Status.NOT_AFFECTED,
+            "every prompt chunk is a prefill (the runner's is_prefilling)",
+            True,
+        )
+    assert isinstance(replaced, ast.expr)
+    if _compares_prior_state(replaced, fn, cfg):
+        return (
+            Status.FIXED,
+            "rows without prior state are prefills (is_prefilling replaced by a prior-state test)",
+            True,
+        )
+    if isinstance(replaced, ast.Attribute) and replaced.attr == "is_prefilling":
+        return Status.NOT_AFFECTED, "every prompt chunk is a prefill (is_prefilling)", True
+    return (
+        Status.UNKNOWN,
+        "is_prefilling is replaced by a value that compares no prior-state field",
+        False,
+    )
+
+
+def _builder(qual: str, fn: ast.FunctionDef, cfg: Config) -> Finding | None:
+    keywords = {k.arg for n in ast.walk(fn) if isinstance(n, ast.Call) for k in n.keywords}
+    if not (_attrs(fn) | keywords) & cfg.family:
+        return None
+    calls = list(_calls(fn, cfg.split))
+    if not calls:
+        return Finding(
+            "builder",
+            qual,
+            fn.lineno,
+            Status.UNKNOWN,
+            f"fills GDN metadata without {cfg.split}: cannot tell how a new one-token "
+            "row is classified",
+        )
+    worst: tuple[Status, str, bool, int] | None = None
+    order = {Status.UNKNOWN: 0, Status.AFFECTED: 1, Status.FIXED: 2, Status.NOT_AFFECTED: 3}
+    for call in calls:
+        status, reason, reclassifies = _judge_split(fn, call, cfg)
+        if status in (Status.FIXED, Status.NOT_AFFECTED):
+            target = _split_target(fn, call)
+            names = (
+                target.targets[0].elts
+                if target is not None and isinstance(target.targets[0], ast.Tuple)
+                else []
+            )
+            count = names[0].id if names and isinstance(names[0], ast.Name) else "num_decodes"
+            lines = _length_counts(fn, count)
+            if lines:
+                status = Status.UNKNOWN
+                reason = (
+                    f"line {lines[0]} counts one-token rows as decodes by length "
+                    f"({count}) with no reset: a new one-token row there reads stale state"
+                )
+                reclassifies = False
+        if worst is None or order[status] < order[worst[0]]:
+            worst = (status, reason, reclassifies, call.lineno)
+    assert worst is not None
+    return Finding("builder", qual, worst[3], worst[0], worst[1], reclassifies=worst[2])
+
+
+# -- runners ----------------------------------------------------------------------
+
+
+def _v1_calls(qual: str, fn: ast.FunctionDef, cfg: Config) -> Iterator[Finding]:
+    for call in _calls(fn, cfg.v1_dispatch):
+        if not (isinstance(call.func, ast.Attribute) and _name(call.func.value) == "self"):
+            continue
+        force = _keyword(call, cfg.v1_force)
+        if force is None:
+            yield Finding(
+                "runner_v1",
+                qual,
+                call.lineno,
+                Status.AFFECTED,
+                "FULL decode route open",
+                guarded=False,
+            )
+        elif cfg.v1_computed in _attrs(force):
+            yield Finding(
+                "runner_v1",
+                qual,
+                call.lineno,
+                Status.FIXED,
+                "no FULL decode graph for a batch with a row that has no computed tokens",
+                guarded=True,
+            )
+        # Any other force_uniform_decode: capture and dummy runs, not a step.
+
+
+def _v2_calls(qual: str, fn: ast.FunctionDef, cfg: Config) -> Iterator[Finding]:
+    for block in ast.walk(fn):
+        stmts = getattr(block, "body", None)
+        if not isinstance(stmts, list):
+            continue
+        for i, stmt in enumerate(stmts):
+            if not (
+                isinstance(stmt, ast.Assign)
+                and isinstance(stmt.value, ast.Call)
+                and _name(stmt.value.func) == cfg.v2_shape_only
+                and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name)
+            ):
+                continue
+            target = stmt.targets[0].id
+            guarded = any(
+                isinstance(later, ast.If)
+                and "num_computed_tokens" in _attrs(later.test)
+                and any(
+                    isinstance(a, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == target for t in a.targets)
+                    and isinstance(a.value, ast.Constant)
+                    and a.value.value is None
+                    for a in later.body
+                )
+                for later in stmts[i + 1 :]
+            )
+            yield Finding(
+                "runner_v2",
+                qual,
+                stmt.lineno,
+                Status.FIXED if guarded else Status.AFFECTED,
+                "no FULL decode graph for a batch with a row that has no computed tokens"
+                if guarded
+                else "FULL decode route open",
+                guarded=guarded,
+            )
+
+
+def analyse_module(tree: ast.Module, text: str, cfg: Config) -> list[Finding]:
+    """The builders and runner routes of one module (runner verdicts are
+    settled by :func:`settle`, which knows the tree's builders)."""
+    out: list[Finding] = []
+    has_split = cfg.split in text
+    v1 = cfg.v1_dispatch in text and any(fn.name == cfg.v1_uniform for _, fn in _methods(tree))
+    for qual, fn in _methods(tree):
+        if has_split and fn.name == "build":
+            found = _builder(qual, fn, cfg)
+            if found is not None:
+                out.append(found)
+        if v1:
+            out.extend(_v1_calls(qual, fn, cfg))
+        if cfg.v2_shape_only in text and "scheduler_output" in _params(fn):
+            out.extend(_v2_calls(qual, fn, cfg))
+    return out
+
+
+def settle(findings: list[Finding]) -> list[Finding]:
+    """Runner verdicts from the tree's builders: an open FULL decode route is
+    a bug only where some builder may call a one-token row a prefill."""
+    reclassifies = any(f.kind == "builder" and f.reclassifies for f in findings)
+    out = []
+    for f in findings:
+        if f.kind != "builder" and not f.guarded:
+            if reclassifies:
+                f = Finding(
+                    f.kind,
+                    f.function,
+                    f.line,
+                    Status.AFFECTED,
+                    "a batch whose rows all have the decode length replays the FULL decode "
+                    "graph on the previous step's buffers when the builder calls a row "
+                    "without prior state a prefill (half fix)",
+                )
+            else:
+                f = Finding(
+                    f.kind,
+                    f.function,
+                    f.line,
+                    Status.NOT_AFFECTED,
+                    "the builder calls every one-token row a decode, as the FULL decode "
+                    "route assumes (needs the guard with the builder's fix)",
+                )
+        out.append(f)
+    return out
