@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gdn_backport import __version__, installed, sources, vllm_version
-from gdn_backport.engine import Mode, Outcome, apply_tree, revert_tree
+from gdn_backport import __version__, fixes, installed, sources, vllm_version
+from gdn_backport.apply_all import apply_fixes, merged
+from gdn_backport.engine import Mode, Outcome, revert_tree
 from gdn_backport.errors import UsageError
 from gdn_backport.patchset import for_tree
 from gdn_backport.report import table
@@ -98,6 +99,15 @@ def _kernels(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _patchsets(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--patchset",
+        action="append",
+        metavar="NAME",
+        help=f"only this patchset (repeatable; default all: {', '.join(fixes.available())})",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gdn-backport",
@@ -111,10 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("scan", help="list GDN spec paths: affected / fixed / not_affected")
     _target(p)
     _kernels(p)
+    _patchsets(p)
 
     p = sub.add_parser("apply", help="rewrite affected sites in place, print the diff")
     _target(p, write=True)
     _kernels(p)
+    _patchsets(p)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 while an affected site remains")
     mode.add_argument("--dry-run", action="store_true", help="print the diff, change nothing")
@@ -123,7 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="git work tree: commit the fix on a new branch (checked out)",
     )
-    p.add_argument("--strategy", default="gather", help="gather (default) or kernel")
+    p.add_argument(
+        "--strategy",
+        default="gather",
+        help="pr51812: gather (default) or kernel; a patchset without it uses its own",
+    )
     p.add_argument(
         "--branch", metavar="NAME", help="with --commit: the branch (default gdn-backport/pr51812)"
     )
@@ -142,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("revert", help="restore the original bytes of patched files")
     _target(p, write=True)
+    _patchsets(p)
     p.add_argument("--dry-run", action="store_true", help="print the diff, change nothing")
 
     p = sub.add_parser("verify", help="run the mixed-batch regression suite against a tree")
@@ -276,42 +293,65 @@ def _where(site: Site) -> str:
     return f"{at} -> {site.target}" if site.target else at
 
 
-def _print_sites(root: Path, sites: Sequence[Site]) -> None:
+def _print_sites(root: Path, sites: Sequence[Site], several: bool = False) -> None:
     print(f"tree: {root}")
     print(vllm_version.line(vllm_version.detect(root)))
     if not sites:
-        print("no GDN spec path found")
+        print("no GDN site found")
         return
     chains = any(s.via for s in sites)
     rows: list[tuple[str, ...]] = [
-        (_where(s), s.function, s.status.value)
+        ((s.patchset,) if several else ())
+        + (_where(s), s.function, s.status.value)
         + ((s.chain or "-",) if chains else ())
         + (s.reason,)
         for s in sites
     ]
-    head = ["site", "function", "status", *(["via"] if chains else []), "reason"]
+    head = [
+        *(["patchset"] if several else []),
+        "site",
+        "function",
+        "status",
+        *(["via"] if chains else []),
+        "reason",
+    ]
     print(table(head, rows))
 
 
 def _cmd_scan(args: argparse.Namespace) -> int:
-    if args.installed:
-        result = installed.scan_full(installed.locate_vllm(), args.kernels)
-    else:
-        path = _tree(args, write=False)
-        result = scan_tree_full(path, for_tree(tree_root(path), args.kernels))
-    root, sites = result.root, result.sites
-    left = [relative(p, root) for p in result.leftovers]
+    chosen = fixes.selected(args.patchset)
+    sites: list[Site] = []
+    left: list[str] = []
+    for fix in chosen:
+        if fix.id == "pr51812":
+            if args.installed:
+                result = installed.scan_full(installed.locate_vllm(), args.kernels)
+            else:
+                path = _tree(args, write=False)
+                result = scan_tree_full(path, for_tree(tree_root(path), args.kernels))
+            root = result.root
+            sites += result.sites
+            left = [relative(p, root) for p in result.leftovers]
+        else:
+            if args.installed:
+                inst = installed.locate_vllm()
+                path, root = inst.package, inst.root
+            else:
+                path = _tree(args, write=False)
+                root = tree_root(path)
+            sites += fix.engine.scan_sites(path, root, args.kernels)
     if args.json:
         version = vllm_version.to_json(vllm_version.detect(root))
         doc = {
             "tree": str(root),
+            "patchsets": [f.id for f in chosen],
             "sites": [s.to_json() for s in sites],
             "vllm_version": version,
             "leftovers": left,
         }
         print(json.dumps(doc, indent=2))
     else:
-        _print_sites(root, sites)
+        _print_sites(root, sites, len(chosen) > 1)
     _warn(_leftovers_warning(root, left))
     bad = {s.status.value for s in sites}
     return 2 if "unknown" in bad else 1 if "affected" in bad else 0
@@ -376,17 +416,25 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         return _apply_git(args, mode)
     if args.branch or args.allow_dirty:
         raise UsageError("apply: --branch and --allow-dirty go with --commit")
+    chosen = fixes.selected(args.patchset)
+    _check_strategy(args.strategy, chosen)
     if args.installed:
-        out, caches = installed.apply(installed.locate_vllm(), args.strategy, mode, args.kernels)
+        inst = installed.locate_vllm()
+        out, caches = installed.apply(inst, args.strategy, mode, args.kernels, chosen)
         code = _print_outcome(out, args.json)
         _warn(installed.caches_warning(out.tree, caches))
     else:
-        out = apply_tree(
-            _tree(args, write=mode is Mode.WRITE), args.strategy, mode, kernels=args.kernels
-        )
-        code = _print_outcome(out, args.json)
+        path = _tree(args, write=mode is Mode.WRITE)
+        results = apply_fixes(path, chosen, args.strategy, mode, kernels=args.kernels)
+        code = _print_outcome(merged(results, tree_root(path)), args.json)
     # --dry-run previews: affected sites remaining is expected, not a failure.
     return 0 if mode is Mode.DRY_RUN and code == 1 else code
+
+
+def _check_strategy(strategy: str, chosen: Sequence[fixes.Fix]) -> None:
+    if not any(strategy in f.strategies for f in chosen):
+        known = sorted({s for f in chosen for s in f.strategies})
+        raise UsageError(f"apply: --strategy {strategy}: unknown (choose from {', '.join(known)})")
 
 
 def _apply_git(args: argparse.Namespace, mode: Mode) -> int:
@@ -409,6 +457,7 @@ def _apply_git(args: argparse.Namespace, mode: Mode) -> int:
         allow_dirty=args.allow_dirty,
         patch=args.format_patch,
         kernels=args.kernels,
+        fixes=fixes.selected(args.patchset),
     )
     # The version as it was before the commit (after it, git describe says 0.25.1-1-g...).
     code = _print_outcome(
@@ -425,8 +474,11 @@ def _warn(line: str) -> None:
 
 def _cmd_revert(args: argparse.Namespace) -> int:
     mode = Mode.DRY_RUN if args.dry_run else Mode.WRITE
+    upstreams = (
+        frozenset(f.upstream for f in fixes.selected(args.patchset)) if args.patchset else None
+    )
     if args.installed:
-        out, caches = installed.revert(installed.locate_vllm(), mode)
+        out, caches = installed.revert(installed.locate_vllm(), mode, upstreams)
         code = _print_outcome(out, args.json)
         _warn(installed.caches_warning(out.tree, caches))
     else:
@@ -437,7 +489,7 @@ def _cmd_revert(args: argparse.Namespace) -> int:
             out = Outcome(work, message=f"nothing to revert: {work} does not exist (no copy "
                           f"of vllm {args.release} was made)")  # fmt: skip
         else:
-            out = revert_tree(tree, mode)
+            out = revert_tree(tree, mode, upstreams=upstreams)
         code = _print_outcome(out, args.json)
     return 2 if code == 2 else 0
 

@@ -459,33 +459,63 @@ def _forget(
 
 
 def revert_tree(
-    path: Path, mode: Mode = Mode.WRITE, *, root: Path | None = None, within: str | None = None
+    path: Path,
+    mode: Mode = Mode.WRITE,
+    *,
+    root: Path | None = None,
+    within: str | None = None,
+    upstreams: frozenset[str] | None = None,
 ) -> Outcome:
     """Restore every recorded file that holds the bytes a record says we
     wrote; a file that holds its original keeps its record (another
-    checkout may have it patched). ``within``: see :class:`Records`."""
+    checkout may have it patched). ``within``: see :class:`Records`;
+    ``upstreams``: only the records of these patchsets (``--patchset``)."""
     root = root or tree_root(path)
     if mode is not Mode.WRITE or not (root / atomic.STATE_DIR).exists():
         # No records folder, no record: nothing to lock for.
-        return _revert(path, mode, root, within)
+        return _revert(path, mode, root, within, upstreams)
     with atomic.tree_lock(root):
-        return _revert(path, mode, root, within)
+        out = _revert(path, mode, root, within, upstreams)
+        # Two patchsets on one file: each pass takes one layer off.
+        for _ in range(8):
+            if out.refused or not out.written:
+                break
+            more = _revert(path, mode, root, within, upstreams)
+            if more.refused or not more.written:
+                break
+            out.written += more.written
+            out.diff += more.diff
+            out.changes += more.changes
+            out.message = f"restored {len(out.written)} file(s) to their original bytes"
+        return out
 
 
-def _revert(path: Path, mode: Mode, root: Path, within: str | None) -> Outcome:
+def _revert(
+    path: Path, mode: Mode, root: Path, within: str | None, upstreams: frozenset[str] | None
+) -> Outcome:
     found: list[Path] = []
-    out = _revert_files(path, mode, root, within, found)
+    out = _revert_files(path, mode, root, within, found, upstreams)
     _leftovers(out, found, mode)
     return out
 
 
 def _revert_files(
-    path: Path, mode: Mode, root: Path, within: str | None, found: list[Path]
+    path: Path,
+    mode: Mode,
+    root: Path,
+    within: str | None,
+    found: list[Path],
+    upstreams: frozenset[str] | None = None,
 ) -> Outcome:
     out = Outcome(root)
     records = Records(root, within)
     only = relative(path, root) if path.is_file() else None
-    wanted = [rel for rel in records.paths() if only is None or rel == only]
+    wanted = [
+        rel
+        for rel in records.paths()
+        if (only is None or rel == only)
+        and (upstreams is None or any(r.upstream in upstreams for r in records.for_path(rel)))
+    ]
     # What a killed apply or revert left: beside the files it wrote (every
     # one has a record) and in the records folder.
     found += locate.state_leftovers(root) + locate.leftovers_beside(root / r for r in wanted)
@@ -506,6 +536,10 @@ def _revert_files(
             continue
         digest = sha256(current)
         rec = records.matching(rel, digest)
+        if rec is not None and upstreams is not None and rec.upstream not in upstreams:
+            why = f"holds the patch of {rec.upstream} on top; revert that patchset first"
+            out.refused.append((rel, why))
+            continue
         if rec is None:
             if any(r.original_sha256 == digest for r in records.for_path(rel)):
                 kept += 1  # the original is there (reverted, or another checkout)

@@ -64,7 +64,9 @@ class Fix:
     upstream: str
     title: str
     trailer: str
+    summary: str
     strategies: tuple[str, ...]
+    codemods: dict[str, str]
     engine_module: str
     where: str
     data: dict[str, Any] = field(compare=False, repr=False)
@@ -72,6 +74,21 @@ class Fix:
     @property
     def engine(self) -> Engine:
         return cast(Engine, importlib.import_module(self.engine_module))
+
+    @property
+    def number(self) -> str:
+        return self.upstream.rsplit("#", 1)[-1]
+
+    def describe(self, strategy: str) -> str:
+        """``strategy (what it does)``: its codemod's ``DESCRIPTION`` (a module
+        or a class, as ``[codemods]`` names it)."""
+        target = self.codemods[strategy]
+        try:
+            owner: object = importlib.import_module(target)
+        except ModuleNotFoundError:
+            module, _, name = target.rpartition(".")
+            owner = getattr(importlib.import_module(module), name)
+        return f"{strategy} ({getattr(owner, 'DESCRIPTION', '')})"
 
     def strategy(self, asked: str | None) -> str:
         """The strategy to run: ``asked`` where this patchset has it, else
@@ -102,7 +119,7 @@ def load_fix(name: str) -> Fix:
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{where}: {exc}") from exc
     head: dict[str, str] = {}
-    for key in ("id", "upstream", "title", "trailer"):
+    for key in ("id", "upstream", "title", "trailer", "summary"):
         value = data.get(key)
         if not isinstance(value, str) or not value:
             raise UsageError(f"{where}: key '{key}' must be a non-empty string")
@@ -112,6 +129,9 @@ def load_fix(name: str) -> Fix:
     strategies = data.get("strategies")
     if not isinstance(strategies, list) or not strategies:
         raise UsageError(f"{where}: key 'strategies' must list at least one strategy")
+    codemods = data.get("codemods")
+    if not isinstance(codemods, dict) or set(codemods) != set(strategies):
+        raise UsageError(f"{where}: table 'codemods' must name one codemod per strategy")
     engine = data.get("engine", DEFAULT_ENGINE)
     if not isinstance(engine, str) or not all(p.isidentifier() for p in engine.split(".")):
         raise UsageError(f"{where}: key 'engine' must be a dotted module name")
@@ -120,7 +140,9 @@ def load_fix(name: str) -> Fix:
         upstream=head["upstream"],
         title=head["title"],
         trailer=head["trailer"],
+        summary=head["summary"],
         strategies=tuple(str(s) for s in strategies),
+        codemods={str(k): str(v) for k, v in codemods.items()},
         engine_module=engine,
         where=where,
         data=data,

@@ -27,16 +27,16 @@ from pathlib import Path
 import git
 
 from gdn_backport import __version__, atomic
-from gdn_backport.codemods import registry
-from gdn_backport.engine import Mode, Outcome, apply_tree, revert_tree
+from gdn_backport.apply_all import apply_fixes, merged
+from gdn_backport.engine import BeforeWrite, Mode, Outcome, revert_tree
 from gdn_backport.errors import UsageError
+from gdn_backport.fixes import Fix, load_fix
 from gdn_backport.patchset import load
 from gdn_backport.scan import relative, tree_root
 from gdn_backport.vllm_version import VllmVersion, detect
 
 __all__ = ["GitResult", "apply_git", "commit_message", "default_branch"]
 
-SUMMARY = "spec-decode gate rows (Gated DeltaNet)"
 # File names are names, not pathspec patterns.
 LITERAL = {"GIT_LITERAL_PATHSPECS": "1"}
 
@@ -46,7 +46,8 @@ class GitResult:
     outcome: Outcome
     repo: Path
     branch: str | None = None  # made and checked out (--commit)
-    commit: str | None = None  # full sha of the backport commit
+    commit: str | None = None  # full sha of the (last) backport commit
+    commits: list[str] = field(default_factory=list)  # one per patchset, in order
     previous: str | None = None  # what HEAD was: a branch name or a sha
     patch: Path | None = None  # the mbox written (--format-patch)
     paths: list[str] = field(default_factory=list)  # repo-relative, committed
@@ -57,6 +58,7 @@ class GitResult:
             "repo": str(self.repo),
             "branch": self.branch,
             "commit": self.commit,
+            "commits": self.commits,
             "previous": self.previous,
             "patch": None if self.patch is None else str(self.patch),
             "paths": self.paths,
@@ -72,8 +74,10 @@ class GitResult:
         return out
 
 
-def default_branch() -> str:
-    return f"gdn-backport/{load().id}"
+def default_branch(chosen: Sequence[Fix] | None = None) -> str:
+    """``gdn-backport/pr51812``, or for several patchsets their ids joined."""
+    ids = [f.id for f in chosen] if chosen else [load().id]
+    return "gdn-backport/" + "+".join(ids)
 
 
 def apply_git(
@@ -85,12 +89,16 @@ def apply_git(
     allow_dirty: bool = False,
     patch: Path | None = None,
     kernels: Sequence[Path] = (),
+    fixes: Sequence[Fix] | None = None,
 ) -> GitResult:
-    """Patch ``tree`` and commit the result on a new branch, and/or write the
-    patch of that commit to ``patch``. UsageError (nothing changed) on any
-    precondition; no branch, commit or patch when nothing needs fixing."""
+    """Patch ``tree`` and commit the result on a new branch, one commit per
+    patchset (each with its own ``Backport-Of`` trailer), and/or write the
+    patch series of those commits to ``patch``. UsageError (nothing changed)
+    on any precondition; no branch, commit or patch when nothing needs
+    fixing."""
     if not commit and patch is None:
         raise UsageError("apply: --commit or --format-patch FILE is needed here")
+    chosen = list(fixes) if fixes is not None else [load_fix(load().id)]
     root = tree_root(tree)
     # --commit writes: the whole run (the dirty check, the write, the branch)
     # holds the tree's lock; --format-patch alone writes nothing in the tree.
@@ -99,57 +107,83 @@ def apply_git(
     )
     with lock, _open(root) as (repo, top):
         result = GitResult(Outcome(root), top)
-        branch = branch or default_branch()
+        if len(chosen) > 1:
+            # The patchsets with something to commit name the default branch.
+            plans = apply_fixes(tree, chosen, strategy, Mode.DRY_RUN, kernels=kernels)
+            if any(out.refused for _, out in plans):
+                result.outcome = merged(plans, root)
+                return result
+            chosen = [fix for fix, out in plans if out.diff] or chosen[:1]
+        branch = branch or default_branch(chosen)
         _check_repo(repo, top, branch if commit else None, allow_dirty or not commit)
         if patch is not None:
             _check_patch_file(patch)
         version = result.vllm_version = detect(root)
-        prepared: dict[str, str] = {}
+        commits: list[str] = []
 
-        def before_write(out: Outcome, staged: list[tuple[Path, bytes]]) -> None:
-            files = {_repo_path(top, f): data for f, data in staged}
-            _check_targets(repo, top, list(files))
-            names = {relative(f, root): _repo_path(top, f) for f, _ in staged}
-            message = commit_message(out, strategy, version, names)
-            prepared["sha"] = _commit_object(repo, files, message)
-            result.paths = sorted(files)
+        def before_write(fix: Fix) -> BeforeWrite:
+            def prepare(out: Outcome, staged: list[tuple[Path, bytes]]) -> None:
+                files = {_repo_path(top, f): data for f, data in staged}
+                overlap = sorted(set(files) & set(result.paths))
+                if overlap:
+                    raise UsageError(
+                        f"{top / overlap[0]}: two patchsets rewrite this file; commit them "
+                        "one at a time (--patchset)"
+                    )
+                _check_targets(repo, top, list(files))
+                names = {relative(f, root): _repo_path(top, f) for f, _ in staged}
+                message = commit_message(out, fix.strategy(strategy), version, names, fix)
+                parent = commits[-1] if commits else None
+                commits.append(_commit_object(repo, files, message, parent))
+                result.paths = sorted({*result.paths, *files})
+
+            return prepare
 
         mode = Mode.WRITE if commit else Mode.DRY_RUN
-        out = apply_tree(tree, strategy, mode, before_write=before_write, kernels=kernels)
-        result.outcome = out
-        if out.refused or "sha" not in prepared:
+        results = apply_fixes(
+            tree, chosen, strategy, mode, before_write=before_write, kernels=kernels
+        )
+        out = result.outcome = merged(results, root)
+        if out.refused or not commits:
             if not out.refused:
                 out.message += "; no commit made"
             return result
-        result.commit = prepared["sha"]
+        result.commit = commits[-1]
+        result.commits = list(commits)
         if commit:
             result.previous = _head_name(repo)
             _switch(repo, branch, result.commit, result.paths, root, out.written)
             result.branch = branch
-            out.message = f"patched and committed {len(out.written)} file(s) on branch {branch}"
+            out.message = f"patched and committed {len(out.written)} file(s) on branch {branch}" + (
+                f" in {len(commits)} commits" if len(commits) > 1 else ""
+            )
         else:
             out.message = "patch written; the tree and its branches were not changed"
         if patch is not None:
-            atomic.write_atomic(patch, _format_patch(repo, result.commit))
+            atomic.write_atomic(patch, _format_patch(repo, commits))
             result.patch = patch
     return result
 
 
 def commit_message(
-    out: Outcome, strategy: str, version: VllmVersion | None, names: dict[str, str]
+    out: Outcome,
+    strategy: str,
+    version: VllmVersion | None,
+    names: dict[str, str],
+    fix: Fix | None = None,
 ) -> str:
     """Subject naming the PR; body: strategy, tool, vLLM version, files and
     sites with their before -> after status; the ``Backport-Of`` trailer last.
-    ``names``: each patched file's tree-relative path -> its repo path."""
-    ps = load()
-    number = ps.upstream.rsplit("#", 1)[-1]
+    ``names``: each patched file's tree-relative path -> its repo path;
+    ``fix``: the patchset (default pr51812)."""
+    fix = fix or load_fix(load().id)
     vllm = "unknown" if version is None else f"{version.version} (from {version.source})"
     body = [
-        f"Backport vLLM PR #{number}: {SUMMARY}",
+        f"Backport vLLM PR #{fix.number}: {fix.summary}",
         "",
-        f"Upstream: {ps.upstream}",
-        f"  {ps.title}",
-        f"Strategy: {registry.describe(strategy)}",
+        f"Upstream: {fix.upstream}",
+        f"  {fix.title}",
+        f"Strategy: {fix.describe(strategy)}",
         f"Tool: gdn-backport {__version__}",
         f"vLLM version: {vllm}",
         "",
@@ -160,9 +194,9 @@ def commit_message(
         body += [
             f"    {c.site.function}: {c.site.status.value} -> {c.rewritten.status.value}"
             for c in out.changes
-            if c.site.path == rel
+            if c.site.path == rel and c.site.patchset == fix.id
         ]
-    body += ["", ps.trailer]
+    body += ["", fix.trailer]
     return "\n".join(body) + "\n"
 
 
@@ -230,13 +264,16 @@ def _repo_path(top: Path, file: Path) -> str:
     return relative(file.resolve(), top)
 
 
-def _commit_object(repo: git.Repo, files: dict[str, bytes], message: str) -> str:
-    """A commit of HEAD's tree with ``files`` replaced, referenced by nothing."""
-    head = repo.head.commit
+def _commit_object(
+    repo: git.Repo, files: dict[str, bytes], message: str, parent: str | None = None
+) -> str:
+    """A commit of ``parent``'s tree (default HEAD) with ``files`` replaced,
+    referenced by nothing."""
+    head = repo.commit(parent) if parent else repo.head.commit
     with tempfile.TemporaryDirectory(prefix="gdn-backport-") as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         try:
-            repo.git.read_tree("HEAD", env=env)
+            repo.git.read_tree(head.hexsha, env=env)
             for rel, data in files.items():
                 blob = Path(tmp) / "blob"
                 blob.write_bytes(data)
@@ -288,9 +325,13 @@ def _switch(
         ) from exc
 
 
-def _format_patch(repo: git.Repo, sha: str) -> bytes:
+def _format_patch(repo: git.Repo, commits: list[str]) -> bytes:
     # The a/ b/ prefixes `git am` expects, whatever the user's diff config.
     data = repo.git(c="diff.noprefix=false").format_patch(
-        "-1", "--stdout", sha, stdout_as_string=False, strip_newline_in_stdout=False
+        f"-{len(commits)}",
+        "--stdout",
+        commits[-1],
+        stdout_as_string=False,
+        strip_newline_in_stdout=False,
     )
     return bytes(data)

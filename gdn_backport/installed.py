@@ -30,9 +30,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gdn_backport import atomic
-from gdn_backport.engine import Mode, Outcome, apply_tree, revert_tree
+from gdn_backport import atomic, fixes
+from gdn_backport.apply_all import apply_fixes, merged
+from gdn_backport.engine import BeforeWrite, Mode, Outcome, revert_tree
 from gdn_backport.errors import UsageError
+from gdn_backport.fixes import Fix
 from gdn_backport.patchset import for_tree
 from gdn_backport.scan import Site, TreeScan, relative, scan_tree_full
 
@@ -88,32 +90,45 @@ def scan_full(inst: InstalledVllm, kernels: Sequence[Path] = ()) -> TreeScan:
 
 
 def apply(
-    inst: InstalledVllm, strategy: str, mode: Mode, kernels: Sequence[Path] = ()
+    inst: InstalledVllm,
+    strategy: str,
+    mode: Mode,
+    kernels: Sequence[Path] = (),
+    chosen: Sequence[Fix] | None = None,
 ) -> tuple[Outcome, list[tuple[Path, str]]]:
-    """The engine's run on ``vllm/``; the bytecode caches it removed."""
+    """The patchsets' runs on ``vllm/`` (default all); the bytecode caches
+    they removed."""
 
-    def before_write(out: Outcome, staged: list[tuple[Path, bytes]]) -> None:
-        if mode is Mode.WRITE:
+    def before_write(fix: Fix) -> BeforeWrite:
+        def check(out: Outcome, staged: list[tuple[Path, bytes]]) -> None:
             check_writable(inst.root, [file for file, _ in staged])
 
-    out = apply_tree(
+        return check
+
+    results = apply_fixes(
         inst.package,
+        fixes.selected(None) if chosen is None else chosen,
         strategy,
         mode,
         root=inst.root,
-        before_write=before_write,
         within=inst.package.name,
         kernels=kernels,
+        before_write=before_write,
     )
-    if out.written:
+    out = merged(results, inst.root)
+    if out.written and not out.refused:
         out.message = (
             f"patched {len(out.written)} file(s); undo with `gdn-backport revert --installed`"
         )
     return out, _drop_caches(inst.root, out.written)
 
 
-def revert(inst: InstalledVllm, mode: Mode) -> tuple[Outcome, list[tuple[Path, str]]]:
-    out = revert_tree(inst.package, mode, root=inst.root, within=inst.package.name)
+def revert(
+    inst: InstalledVllm, mode: Mode, upstreams: frozenset[str] | None = None
+) -> tuple[Outcome, list[tuple[Path, str]]]:
+    out = revert_tree(
+        inst.package, mode, root=inst.root, within=inst.package.name, upstreams=upstreams
+    )
     return out, _drop_caches(inst.root, out.written)
 
 

@@ -24,8 +24,10 @@ def test_scan_json_contract(capsys: pytest.CaptureFixture[str], affected_tree: P
         "function": "Layer._forward_core",
         "status": "affected",
         "reason": site["reason"],
+        "patchset": "pr51812",
     }
     assert "gate a=a" in site["reason"]
+    assert doc["patchsets"] == ["pr51812", "pr51565"]
 
 
 def test_apply_json_has_changed(capsys: pytest.CaptureFixture[str], affected_tree: Path) -> None:

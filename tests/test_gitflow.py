@@ -412,18 +412,33 @@ def root_of(repo: git.Repo) -> Path:
 def test_real_release_commit_patch_and_git_am(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """vLLM 0.25.1 as a fork's repository: one commit touching the one
-    affected file; its patch applies with ``git am`` to a fresh clone, which
-    then scans fixed."""
+    """vLLM 0.25.1 as a fork's repository: one commit per patchset, each
+    touching only its own files and carrying its own trailer; the series
+    applies with ``git am`` to a fresh clone, which then scans fixed."""
     root = sources.copy_release("0.25.1", tmp_path / "vllm")
     repo = make_repo(root)
-    affected = "vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py"
+    base = repo.head.commit
+    layer = "vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py"
+    split = [
+        "vllm/v1/attention/backends/gdn_attn.py",
+        "vllm/v1/worker/gpu/model_runner.py",
+        "vllm/v1/worker/gpu_model_runner.py",
+    ]
     patch = tmp_path / "fix.patch"
     code, out, err = run(capsys, "apply", "--commit", "--format-patch", str(patch), str(root))
     assert (code, err) == (0, ""), err
-    assert list(repo.head.commit.stats.files) == [affected]
-    assert "vLLM version: 0.25.1 (from vllm/_version.py)" in repo.head.commit.message
-    assert "QwenGatedDeltaNetAttention._forward_core: affected -> fixed" in repo.head.commit.message
+    assert repo.active_branch.name == "gdn-backport/pr51812+pr51565"
+    first, second = repo.head.commit.parents[0], repo.head.commit
+    assert first.parents[0] == base
+    assert list(first.stats.files) == [layer]
+    assert sorted(second.stats.files) == split
+    assert first.message.rstrip().endswith("Backport-Of: vllm-project/vllm#51812")
+    assert second.message.rstrip().endswith("Backport-Of: vllm-project/vllm#51565")
+    assert "vLLM version: 0.25.1 (from vllm/_version.py)" in first.message
+    assert "QwenGatedDeltaNetAttention._forward_core: affected -> fixed" in first.message
+    assert "GDNAttentionMetadataBuilder.build: affected -> fixed" in second.message
+    assert "GPUModelRunner.execute_model: not_affected -> fixed" in second.message
+    assert "_forward_core" not in second.message
     assert repo.git.status("--porcelain") == ""
     # git am on a fresh clone of the unpatched tree
     shutil.rmtree(root / ".gdn-backport")

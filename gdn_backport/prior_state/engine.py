@@ -133,10 +133,11 @@ def _here(path: Path, root: Path) -> str:
 
 
 def _vllm_root(path: Path, root: Path) -> Path:
-    """The tree to analyse for a run on ``path``: ``root``, or above a single
-    file the folder holding its ``vllm`` package (the runner lives there)."""
+    """The tree to analyse for a run on ``path``: the folder itself, or above
+    a single file the folder holding its ``vllm`` package (the runner lives
+    there)."""
     if path.is_dir():
-        return root
+        return path
     for parent in path.resolve().parents:
         if (parent / "vllm" / "__init__.py").is_file():
             return parent if parent.is_relative_to(root.resolve()) else root
@@ -236,7 +237,7 @@ def _apply(
         out.refused.append((_here(path, root), why))
     if not out.refused:
         _prove(scope, root, texts, out)
-    if before_write is not None and staged and not out.refused and mode is Mode.WRITE:
+    if before_write is not None and staged and not out.refused:
         before_write(out, [(file, new) for file, _, _, new in staged])
     if mode is Mode.WRITE and staged and not out.refused:
         write_staged(root, staged, STRATEGY, fix.upstream, out, within)
