@@ -3,6 +3,7 @@
     nox -l                                  # every session, cells included
     nox -s "cell(0.25.1-gather)"            # one cell: fetch, patch a copy, scan, verify
     nox -t affected                         # the cells of every affected release
+    nox -t pr51565                          # the cells of patchset pr51565
     nox -s matrix                           # every cell in one process, summary table
     nox --no-venv -s matrix                 # the same with this interpreter's packages
     nox -s wheel                            # build sdist + wheel, twine check, use the wheel
@@ -36,20 +37,38 @@ TRITON = os.environ.get("GDN_BACKPORT_TRITON", "triton==3.6.0")
 
 # The matrix and the strategies as data. The noxfile must load without the
 # package installed, so the strategy rule of gdn_backport.matrix (an affected
-# release runs every strategy of the patchset, the rest "none") is restated
-# here (one line); tests/test_noxfile.py holds both to the same cells.
+# release runs every strategy of pr51812, the rest "none"; and pr51565's
+# strategy where it is affected) is restated here; tests/test_noxfile.py
+# holds both to the same cells. Tags: the patchset (`nox -t pr51565`), the
+# status (`-t affected` for pr51812, `-t pr51565-affected`), the strategy.
 ROOT = Path(__file__).resolve().parent
 MATRIX = nox.project.load_toml(ROOT / "matrix" / "releases.toml")
 PATCHSET = nox.project.load_toml(ROOT / "patchsets" / "pr51812.toml")
+SPLIT = nox.project.load_toml(ROOT / "patchsets" / "pr51565.toml")
 
 
 def _cells() -> list[nox.param]:
     params = []
     for r in MATRIX["release"]:
-        strategies = PATCHSET["strategies"] if r["status"] == "affected" else ["none"]
-        for s in strategies:
+        own = PATCHSET["strategies"] if r["status"] == "affected" else ["none"]
+        cells = [(s, PATCHSET["id"], r["status"]) for s in own]
+        split = r.get(SPLIT["id"], {}).get("status")
+        if split == "affected":
+            cells += [(s, SPLIT["id"], split) for s in SPLIT["strategies"]]
+        for s, patchset, status in cells:
             # wheel_only releases (0.15.x, ~500 MB wheels) run only when named.
-            tags = ["wheel-only"] if r.get("wheel_only") else ["cells", "gpu", r["status"], s]
+            tags = (
+                ["wheel-only"]
+                if r.get("wheel_only")
+                # pr51812's status tags stay plain (`nox -t affected`).
+                else [
+                    "cells",
+                    "gpu",
+                    patchset,
+                    status if patchset == PATCHSET["id"] else f"{patchset}-{status}",
+                    s,
+                ]
+            )
             params.append(nox.param(r["version"], s, id=f"{r['version']}-{s}", tags=tags))
     for t in MATRIX.get("tree", []):
         for s in t.get("strategies", ["gather"]):

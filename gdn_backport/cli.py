@@ -166,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu runs the tree's Triton kernels under the interpreter")  # fmt: skip
     p.add_argument("--scenario", action="append", metavar="NAME", help="only these scenarios")
+    _patchsets(p)
     p.add_argument(
         "--heads",
         metavar="H,HV,D",
@@ -297,7 +298,7 @@ def _print_sites(root: Path, sites: Sequence[Site], several: bool = False) -> No
     print(f"tree: {root}")
     print(vllm_version.line(vllm_version.detect(root)))
     if not sites:
-        print("no GDN site found")
+        print("no GDN spec path, metadata builder or runner route found")
         return
     chains = any(s.via for s in sites)
     rows: list[tuple[str, ...]] = [
@@ -571,8 +572,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(f"--heads {args.heads}: expected H,HV,D (three integers)") from exc
         heads = (h, hv, dim)
+    chosen = [f.id for f in fixes.selected(args.patchset)] if args.patchset else None
     report = verify_tree(
-        _tree(args, write=False), device=args.device, scenarios=args.scenario, heads=heads
+        _tree(args, write=False),
+        device=args.device,
+        scenarios=args.scenario,
+        heads=heads,
+        patchsets=chosen,
     )
     print(report.to_json() if args.json else report.table())
     if report.error:

@@ -48,6 +48,9 @@ class VerifyReport:
     dtype: str
     rows: list[ScenarioResult] = field(default_factory=list)
     error: str = ""  # the harness could not drive the tree: why
+    # A suite not run on this tree (all patchsets asked, and the tree lacks
+    # what that suite drives): "patchset: why".
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -76,6 +79,7 @@ class VerifyReport:
             lines.append(
                 f"  {r.name:<22} {result:<6} {r.max_abs_err:>11.3g} {r.tolerance:>7.3g}  {r.note}"
             )
+        lines += [f"  skipped {why}" for why in self.skipped]
         return "\n".join(lines)
 
 
@@ -111,6 +115,7 @@ def verify_tree(
     seed: int = 0,
     heads: tuple[int, int, int] | None = None,
     patch: Callable[[types.ModuleType], object] | None = None,
+    patchsets: Sequence[str] | None = None,
 ) -> VerifyReport:
     """Run the suite on ``tree`` (a root holding ``vllm/``).
 
@@ -120,14 +125,14 @@ def verify_tree(
     the harness cannot load or drive gives a report with ``error`` set (exit
     code 2), never an exception. ``patch``: called with the loaded GDN module
     before the scenarios run (the runtime plugin's in-memory patch).
+    ``patchsets``: whose suites run (default all): pr51812's mixed-batch
+    scenarios on the layer, pr51565's on the tree's own metadata builder
+    (:mod:`gdn_backport.harness.builder_suite`); ``scenarios`` may name
+    either's.
     """
     if device.startswith("cpu"):
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
-
-    from gdn_backport.harness.layer import LayerShape
-    from gdn_backport.harness.loader import HarnessError, load_tree
-    from gdn_backport.harness.suite import SuiteRunner
 
     dtype = torch.float16 if device.startswith("cpu") else torch.bfloat16
     report = VerifyReport(
@@ -136,8 +141,43 @@ def verify_tree(
     if device.startswith("cuda") and not torch.cuda.is_available():
         report.error = "device cuda requested but torch sees no CUDA device"
         return report
+    from gdn_backport.harness.builder_suite import BUILDER_SCENARIOS
+
+    names = None if scenarios is None else list(scenarios)
+    builder_names = None if names is None else [n for n in names if n in BUILDER_SCENARIOS]
+    layer_names = None if names is None else [n for n in names if n not in BUILDER_SCENARIOS]
+    # ``patch`` is the plugin's in-memory patch of the layer: its suite only.
+    default = {LAYER_PATCHSET} if patch is not None else {LAYER_PATCHSET, BUILDER_PATCHSET}
+    want = set(patchsets) if patchsets else default
+    if LAYER_PATCHSET in want and layer_names != []:
+        _layer_rows(report, Path(tree), device, layer_names, self_consistency, seed, heads, patch)
+    if BUILDER_PATCHSET in want and builder_names != [] and not report.error:
+        _builder_rows(report, Path(tree), device, builder_names, seed, explicit=bool(patchsets))
+    if not report.rows and not report.error and not report.skipped:
+        report.error = "no scenario of the chosen patchsets was named"
+    return report
+
+
+def _layer_rows(
+    report: VerifyReport,
+    tree: Path,
+    device: str,
+    layer_names: Sequence[str] | None,
+    self_consistency: bool,
+    seed: int,
+    heads: tuple[int, int, int] | None,
+    patch: Callable[[types.ModuleType], object] | None,
+) -> None:
+    """pr51812's mixed-batch scenarios on the tree's GDN layer, into ``report``."""
+    import torch
+
+    from gdn_backport.harness.layer import LayerShape
+    from gdn_backport.harness.loader import HarnessError, load_tree
+    from gdn_backport.harness.suite import SuiteRunner
+
+    dtype = torch.float16 if device.startswith("cpu") else torch.bfloat16
     try:
-        selected = _select(scenarios)
+        selected = _select(layer_names)
         loaded = load_tree(Path(tree), device=device)
         report.site = str(loaded.site)
         if patch is not None and loaded.module is not None:
@@ -145,7 +185,7 @@ def verify_tree(
         problem = triton_problem()
         if problem:
             report.error = problem
-            return report
+            return
         shape = LayerShape(dtype=dtype)
         if heads is not None:
             h, hv, dim = heads
@@ -175,4 +215,32 @@ def verify_tree(
             report.rows.append(result)
     except (HarnessError, KeyError) as exc:
         report.error = str(exc)
-    return report
+
+
+LAYER_PATCHSET = "pr51812"
+BUILDER_PATCHSET = "pr51565"
+
+
+def _builder_rows(
+    report: VerifyReport,
+    tree: Path,
+    device: str,
+    names: Sequence[str] | None,
+    seed: int,
+    explicit: bool,
+) -> None:
+    """pr51565's scenarios on the tree's own builder, into ``report``. A tree
+    without a GDN builder: an error when pr51565 was asked for by name, else
+    a skip the report shows."""
+    from gdn_backport.harness.builder_suite import run_builder_suite
+    from gdn_backport.harness.loader import HarnessError
+
+    try:
+        rows = run_builder_suite(tree, device, names, seed=seed)
+    except HarnessError as exc:
+        if explicit or names:
+            report.error = f"{BUILDER_PATCHSET}: {exc}"
+        else:
+            report.skipped.append(f"{BUILDER_PATCHSET}: {exc}")
+        return
+    report.rows += rows

@@ -52,8 +52,11 @@ def test_one_param_per_cell_with_the_cell_id() -> None:
     assert ids == [c.id for c in want]
     assert [tuple(p.args) for p in params] == [(c.target, c.strategy) for c in want]
     by_id = {p.id: p for p in params}
-    assert by_id["0.25.1-gather"].tags == ["cells", "gpu", "affected", "gather"]
-    assert by_id["0.28.0-none"].tags == ["cells", "gpu", "fixed", "none"]
+    assert by_id["0.25.1-gather"].tags == ["cells", "gpu", "pr51812", "affected", "gather"]
+    assert by_id["0.28.0-none"].tags == ["cells", "gpu", "pr51812", "fixed", "none"]
+    assert by_id["0.25.1-reclassify"].tags == [
+        "cells", "gpu", "pr51565", "pr51565-affected", "reclassify"
+    ]  # fmt: skip
     # wheel_only releases (500 MB wheels) run only when named.
     assert by_id["0.15.0-none"].tags == ["wheel-only"]
 
@@ -65,7 +68,7 @@ def test_nox_lists_every_cell_with_a_one_line_docstring() -> None:
     assert "* tests -> " in out and "* lint -> " in out
     cells = [line for line in out.splitlines() if line.startswith("- cell(")]
     assert len(cells) == len(matrix.cells(matrix.load(), include_wheel_only=True))
-    tagged = "- cell(0.25.1-gather) [cells,gpu,affected,gather] -> "
+    tagged = "- cell(0.25.1-gather) [cells,gpu,pr51812,affected,gather] -> "
     assert any(line.startswith(tagged) for line in cells)
     assert "- matrix [gpu] -> " in out
     described = [line for line in out.splitlines() if line.startswith(("* ", "- "))]

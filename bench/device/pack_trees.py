@@ -32,11 +32,20 @@ FOLDERS = (
     "vllm/triton_utils",
     "vllm/distributed",
 )
-MARKERS = (b"spec_token_indx", b"spec_token_masks", b"def fused_sigmoid_gating_delta_rule_update(")
+MARKERS = (
+    b"spec_token_indx",
+    b"spec_token_masks",
+    b"def fused_sigmoid_gating_delta_rule_update(",
+    # pr51565: builders, runners and the metadata class its analysis reads.
+    b"split_decodes_and_prefills",
+    b"_is_uniform_decode",
+    b"get_uniform_token_count",
+    b"class CommonAttentionMetadata",
+)
 
 
 def files_of(tree: Path) -> set[Path]:
-    files = set(tree.glob("vllm/*.py"))
+    files = set(tree.glob("vllm/*.py")) | set(tree.glob("vllm/v1/*.py"))
     for sub in FOLDERS:
         if (tree / sub).is_dir():
             files.update((tree / sub).rglob("*.py"))

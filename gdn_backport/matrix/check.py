@@ -13,8 +13,9 @@ from pathlib import Path
 from packaging.version import Version
 
 from gdn_backport import sources
-from gdn_backport.analysis import Status
+from gdn_backport.analysis import ORDER, Status
 from gdn_backport.matrix.model import Matrix, Release
+from gdn_backport.patchset import load as load_patchset
 from gdn_backport.report import table
 from gdn_backport.scan import Site, scan_tree
 
@@ -26,6 +27,9 @@ class Result:
     sites: tuple[Site, ...]
     problems: tuple[str, ...]
     seconds: float
+    # Patchset pr51565: the tree's worst status and its sites.
+    split_found: Status | None = None
+    split_sites: tuple[Site, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -41,6 +45,12 @@ class Result:
             "found": self.found.value if self.found else None,
             "strategies": list(r.strategies),
             "sites": [s.to_json() for s in self.sites],
+            "pr51565": {
+                "expected": r.split_status.value if r.split_status else None,
+                "found": self.split_found.value if self.split_found else None,
+                "apply": r.split_apply,
+                "sites": [s.to_json() for s in self.split_sites],
+            },
             "ok": self.ok,
             "problems": list(self.problems),
             "seconds": round(self.seconds, 3),
@@ -71,10 +81,63 @@ def check_sites(
     return found, problems
 
 
+def split_sites(tree: Path) -> list[Site]:
+    from gdn_backport.prior_state import engine
+
+    return engine.scan_sites(tree)
+
+
 def check(release: Release, sites: list[Site]) -> Result:
     """The release's scan against the matrix's expectation."""
     found, problems = check_sites(release, sites, release.status)
     return Result(release, found, tuple(sites), tuple(problems), 0.0)
+
+
+def worst(sites: Sequence[Site]) -> Status | None:
+    found = {s.status for s in sites}
+    return next((s for s in ORDER if s in found), None)
+
+
+def check_split(release: Release, sites: Sequence[Site]) -> list[str]:
+    """pr51565's sites of ``release`` against the matrix: the worst status."""
+    expected, found = release.split_status, worst(sites)
+    if expected is None or found is expected:
+        return []
+    seen = found.value if found else "no site"
+    return [f"pr51565: expected {expected.value}, scan says {seen}"]
+
+
+def roundtrip_split(release: Release) -> list[str]:
+    """pr51565 on a private copy: where the matrix says "patch", every site
+    fixed after apply, a second apply idempotent, revert byte-identical;
+    where it says "refuse", exit 2 and nothing written."""
+    from gdn_backport.engine import Mode, revert_tree
+    from gdn_backport.prior_state import engine
+
+    problems: list[str] = []
+    pristine = sources.release_tree(release.version)
+    with tempfile.TemporaryDirectory(prefix="gdn-roundtrip-") as tmp:
+        tree = sources.copy_release(release.version, Path(tmp) / "tree")
+        first = engine.apply_tree(tree, mode=Mode.WRITE)
+        if release.split_apply == "refuse":
+            if first.exit_code != 2 or first.written:
+                problems.append(f"apply: expected a refusal, exit {first.exit_code}")
+            return [f"pr51565: {p}" for p in problems]
+        if first.exit_code != 0 or not first.written:
+            problems.append(f"apply: exit {first.exit_code}, wrote {first.written} {first.refused}")
+        left = [s for s in engine.scan_sites(tree) if s.status is not Status.FIXED]
+        left = [s for s in left if s.status is not Status.NOT_AFFECTED]
+        problems += [f"after apply: {s.path}:{s.line} still {s.status.value}" for s in left]
+        second = engine.apply_tree(tree, mode=Mode.WRITE)
+        if second.written or second.exit_code != 0:
+            problems.append(f"second apply not idempotent: wrote {second.written}")
+        back = revert_tree(tree, Mode.WRITE)
+        if back.refused or sorted(back.written) != sorted(first.written):
+            problems.append(f"revert: refused {back.refused}, restored {back.written}")
+        for rel in first.written:
+            if (tree / rel).read_bytes() != (pristine / rel).read_bytes():
+                problems.append(f"revert: {rel} differs from the release")
+    return [f"pr51565: {p}" for p in problems]
 
 
 def roundtrip(release: Release, strategy: str = "gather") -> list[str]:
@@ -115,18 +178,30 @@ def run(
         if wanted is None and release.wheel_only:
             continue
         t0 = time.perf_counter()
-        _, sites = scan_tree(sources.release_tree(release.version))
+        tree = sources.release_tree(release.version)
+        _, sites = scan_tree(tree)
         res = check(release, sites)
+        split = tuple(split_sites(tree))
+        extra = tuple(check_split(release, split))
         if with_roundtrip and release.status is Status.AFFECTED:
-            extra = tuple(
+            extra += tuple(
                 f"{strategy}: {p}"
                 for strategy in release.strategies
+                if strategy in load_patchset().strategies
                 for p in roundtrip(release, strategy)
             )
-            res = Result(res.release, res.found, res.sites, res.problems + extra, 0.0)
-
+        if with_roundtrip and release.split_status is Status.AFFECTED:
+            extra += tuple(roundtrip_split(release))
         results.append(
-            Result(res.release, res.found, res.sites, res.problems, time.perf_counter() - t0)
+            Result(
+                res.release,
+                res.found,
+                res.sites,
+                res.problems + extra,
+                time.perf_counter() - t0,
+                worst(split),
+                split,
+            )
         )
     return results
 
@@ -142,11 +217,13 @@ def render(results: list[Result]) -> str:
                 r.release.status.value,
                 r.found.value if r.found else "-",
                 others,
+                (r.split_found.value if r.split_found else "-")
+                + (" (refuse)" if r.release.split_apply == "refuse" else ""),
                 ",".join(r.release.strategies),
                 "ok" if r.ok else "MISMATCH: " + "; ".join(r.problems),
             )
         )
     ok = sum(r.ok for r in results)
     head = ["release", "site (vllm/model_executor/...)", "expected", "scan", "other sites",
-            "cells", "result"]  # fmt: skip
+            "pr51565", "cells", "result"]  # fmt: skip
     return table(head, rows) + f"\n{ok}/{len(results)} releases as expected"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from gdn_backport import fixes
 from gdn_backport.analysis import Status
 from gdn_backport.errors import UsageError
 from gdn_backport.patchset import load as load_patchset
@@ -23,8 +24,11 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 WHERE = "matrix/releases.toml"
-# "none": an unaffected release runs unpatched; the rest are the patchset's.
-STRATEGIES = ("none", *load_patchset().strategies)
+# "none": an unaffected release runs unpatched; the rest are the patchsets'
+# (each strategy belongs to one patchset: gather and kernel to pr51812,
+# reclassify to pr51565, so a cell id names its patchset too).
+STRATEGIES = ("none", *(s for name in fixes.available() for s in fixes.load_fix(name).strategies))
+SPLIT_PATCHSET = "pr51565"
 # A realistic GDN layer for GPU runs (key heads, value heads, head dim).
 GPU_HEADS = (16, 32, 128)
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
@@ -40,11 +44,18 @@ class Release:
     # Why the regression harness cannot drive this release: its cells report
     # "skip" with this reason when verify says it cannot (exit 2), never "ok".
     skip_verify: str = ""
+    # Patchset pr51565: the tree's expected status, and whether apply
+    # patches it ("patch") or refuses with the reason ("refuse").
+    split_status: Status | None = None
+    split_apply: str = "patch"
 
     @property
     def strategies(self) -> tuple[str, ...]:
-        """The matrix cells of this release: patch only what is affected."""
-        return STRATEGIES[1:] if self.status is Status.AFFECTED else ("none",)
+        """The matrix cells of this release: patch only what is affected
+        (pr51812's strategies or "none"; pr51565's where it is affected)."""
+        own = load_patchset().strategies if self.status is Status.AFFECTED else ("none",)
+        split = fixes.load_fix(SPLIT_PATCHSET).strategies
+        return (*own, *(split if self.split_status is Status.AFFECTED else ()))
 
 
 @dataclass(frozen=True)
@@ -101,6 +112,23 @@ def _parse_trees(entries: object, where: str) -> tuple[Tree, ...]:
     return tuple(trees)
 
 
+def _split(entry: object, at: str) -> tuple[Status | None, str]:
+    """A release's ``pr51565 = { status = ..., apply = "patch"|"refuse" }``."""
+    if entry is None:
+        return None, "patch"
+    key = f"{at}: key '{SPLIT_PATCHSET}'"
+    if not isinstance(entry, dict) or not isinstance(entry.get("status"), str):
+        raise UsageError(f"{key} must be a table with a 'status'")
+    try:
+        status = Status(entry["status"])
+    except ValueError as exc:
+        raise UsageError(f"{key}: {entry['status']!r} is not a status") from exc
+    apply = entry.get("apply", "patch")
+    if apply not in ("patch", "refuse"):
+        raise UsageError(f"{key}: apply must be 'patch' or 'refuse'")
+    return status, str(apply)
+
+
 def parse(data: dict[str, object], where: str = WHERE) -> Matrix:
     entries = data.get("release")
     if not isinstance(entries, list) or not entries:
@@ -127,6 +155,7 @@ def parse(data: dict[str, object], where: str = WHERE) -> Matrix:
             status = Status(e["status"])
         except ValueError as exc:
             raise UsageError(f"{at}: key 'status': {e['status']!r} is not a status") from exc
+        split_status, split_apply = _split(e.get(SPLIT_PATCHSET), at)
         releases.append(
             Release(
                 str(v),
@@ -135,6 +164,8 @@ def parse(data: dict[str, object], where: str = WHERE) -> Matrix:
                 status,
                 bool(e.get("wheel_only", False)),
                 e.get("skip_verify", ""),
+                split_status,
+                split_apply,
             )
         )
     trees = _parse_trees(data.get("tree"), where)
@@ -159,6 +190,15 @@ class Cell:
     # A tree named on the command line (--tree), not in matrix/: selecting it
     # again takes its path, not only its id.
     adhoc: bool = False
+
+    @property
+    def patchset(self) -> str:
+        """The patchset this cell proves: its strategy's ("none": pr51812's
+        unaffected releases, run unpatched)."""
+        for name in fixes.available():
+            if self.strategy in fixes.load_fix(name).strategies:
+                return name
+        return load_patchset().id
 
     @property
     def target(self) -> str:

@@ -197,9 +197,15 @@ def _apply(
         for file, fs in before.items()
     }
     todo = {file: fs for file, fs in todo.items() if fs}
+    # PATH names what to patch: a site outside it is not this run's, unless a
+    # builder inside needs it (a runner's guard) to be whole.
+    outside = sorted(relative(file, root) for file in todo if not shown(file))
+    here = {file: fs for file, fs in todo.items() if shown(file)}
+    if not any(f.kind == "builder" for fs in here.values() for f in fs):
+        outside = []
+    todo = here
     if out.refused or not todo or mode is Mode.CHECK:
         return _finish(out, mode, [])
-    outside = sorted(relative(file, root) for file in todo if not shown(file))
     if outside:
         why = (
             f"the fix also rewrites {', '.join(outside)}; apply it to the tree holding "
