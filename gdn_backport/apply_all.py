@@ -88,7 +88,11 @@ def merged(results: Results, root: Path) -> Outcome:
     if not several:
         out.message = spoke[0][1].message if spoke else ""
     elif out.refused and not out.written:
-        out.message = "refused: nothing was changed"
+        fine = [fix.id for fix, one in results if not one.refused and one.diff]
+        alone = " ".join(f"--patchset {name}" for name in fine)
+        out.message = "refused: nothing was changed" + (
+            f" (the others apply alone: {alone})" if fine else ""
+        )
     else:
         out.message = "; ".join(f"{fix.id}: {one.message}" for fix, one in spoke)
     return out

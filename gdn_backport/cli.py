@@ -137,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--strategy",
-        default="gather",
-        help="pr51812: gather (default) or kernel; a patchset without it uses its own",
+        help="pr51812: gather (default) or kernel; each other patchset uses its own "
+        "(pr51565: reclassify)",
     )
     p.add_argument(
         "--branch", metavar="NAME", help="with --commit: the branch (default gdn-backport/pr51812)"
@@ -418,7 +418,8 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     if args.branch or args.allow_dirty:
         raise UsageError("apply: --branch and --allow-dirty go with --commit")
     chosen = fixes.selected(args.patchset)
-    _check_strategy(args.strategy, chosen)
+    if args.strategy is not None:
+        _check_strategy(args.strategy, chosen)
     if args.installed:
         inst = installed.locate_vllm()
         out, caches = installed.apply(inst, args.strategy, mode, args.kernels, chosen)
@@ -433,6 +434,8 @@ def _cmd_apply(args: argparse.Namespace) -> int:
 
 
 def _check_strategy(strategy: str, chosen: Sequence[fixes.Fix]) -> None:
+    """A strategy no chosen patchset has is a usage error (one that some
+    have, e.g. ``kernel``, applies to those; the others use their own)."""
     if not any(strategy in f.strategies for f in chosen):
         known = sorted({s for f in chosen for s in f.strategies})
         raise UsageError(f"apply: --strategy {strategy}: unknown (choose from {', '.join(known)})")

@@ -39,6 +39,7 @@ class Row:
     runtime_patch: bool  # our plugin's function is the one in effect
     on_disk: str  # what apply's records say about the file
     in_effect: bool = True  # False: the module cannot be imported here
+    patchset: str = "pr51812"
 
 
 @dataclass
@@ -62,10 +63,21 @@ class Report:
         live = [r for r in self.rows if r.in_effect]
         bad = [r.method for r in live if r.status == Status.AFFECTED.value]
         if bad:
-            return (
-                f"AFFECTED: {', '.join(bad)} in effect has the vLLM #51812 bug "
-                "(fix: gdn-backport apply, or the runtime plugin: VLLM_PLUGINS=gdn_backport)"
-            )
+            split = [r.method for r in live if r.status == Status.AFFECTED.value
+                     and r.patchset == SPLIT]  # fmt: skip
+            layer = [m for m in bad if m not in split]
+            parts = []
+            if layer:
+                parts.append(
+                    f"{', '.join(layer)} in effect has the vLLM #51812 bug (fix: gdn-backport "
+                    "apply, or the runtime plugin: VLLM_PLUGINS=gdn_backport)"
+                )
+            if split:
+                parts.append(
+                    f"{', '.join(split)} has the vLLM #51565 bug (fix: gdn-backport apply "
+                    "--installed --patchset pr51565; the runtime plugin does not patch it)"
+                )
+            return "AFFECTED: " + "; ".join(parts)
         unknown = [r.method for r in live if r.status == Status.UNKNOWN.value]
         if unknown:
             return f"UNKNOWN: {', '.join(unknown)} cannot be analysed; check it by hand"
@@ -77,9 +89,11 @@ class Report:
     def table(self) -> str:
         out = [f"vllm: {self.vllm or '-'}", f"plugins: {self.plugins or '-'}"]
         if self.rows:
-            head = ("method", "file", "in effect", "status", "runtime patch", "on disk")
+            head = ("patchset", "method", "file", "in effect", "status", "runtime patch",
+                    "on disk")  # fmt: skip
             cells = [
                 (
+                    r.patchset,
                     r.method,
                     r.path,
                     r.live,
@@ -209,4 +223,29 @@ def diagnose(load_plugins: bool = True) -> Report:
                     _on_disk(root, method.path),
                 )
             )
+    report.rows += _split_rows(package, root)
     return report
+
+
+SPLIT = "pr51565"
+
+
+def _split_rows(package: Path, root: Path) -> list[Row]:
+    """pr51565's builders and runner routes, as the files on disk have them
+    (no runtime patch exists for them: the file is what runs)."""
+    from gdn_backport.prior_state import engine
+
+    return [
+        Row(
+            s.function,
+            "vllm." + s.path.removesuffix(".py").replace("/", "."),
+            f"vllm/{s.path}",
+            f"vllm/{s.path}:{s.line} (the file on disk)",
+            s.status.value,
+            s.reason,
+            False,
+            _on_disk(root, f"vllm/{s.path}"),
+            patchset=SPLIT,
+        )
+        for s in engine.scan_sites(package)
+    ]

@@ -82,7 +82,7 @@ def default_branch(chosen: Sequence[Fix] | None = None) -> str:
 
 def apply_git(
     tree: Path,
-    strategy: str = "gather",
+    strategy: str | None = None,
     *,
     commit: bool = True,
     branch: str | None = None,

@@ -91,7 +91,7 @@ def scan_full(inst: InstalledVllm, kernels: Sequence[Path] = ()) -> TreeScan:
 
 def apply(
     inst: InstalledVllm,
-    strategy: str,
+    strategy: str | None,
     mode: Mode,
     kernels: Sequence[Path] = (),
     chosen: Sequence[Fix] | None = None,

@@ -121,6 +121,7 @@ def test_table_output(fake: Any, capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"vllm: 0.0.0+fake ({site / 'vllm'})"
     assert out[2].split() == [
+        "patchset",
         "method",
         "file",
         "in",
@@ -132,3 +133,33 @@ def test_table_output(fake: Any, capsys: pytest.CaptureFixture[str]) -> None:
         "disk",
     ]
     assert out[-1].startswith("verdict: AFFECTED")
+
+
+@pytest.mark.network
+def test_pr51565_rows_come_from_the_files(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The installed 0.25.1's builder is affected by vLLM #51565 on disk (no
+    runtime patch covers it); after ``apply --installed --patchset pr51565``
+    doctor says the file is patched and the builder and runners are fixed."""
+    from gdn_backport import doctor, sources
+
+    root = sources.copy_release("0.25.1", tmp_path / "site")
+    rows = doctor._split_rows(root / "vllm", root)
+    by = {r.method: r for r in rows}
+    builder = by["GDNAttentionMetadataBuilder.build"]
+    assert (builder.status, builder.patchset, builder.on_disk) == (
+        "affected",
+        "pr51565",
+        "no apply record",
+    )
+    from gdn_backport.prior_state import engine
+
+    assert engine.apply_tree(root / "vllm", root=root).exit_code == 0
+    rows = doctor._split_rows(root / "vllm", root)
+    assert {r.status for r in rows} == {"fixed"}
+    assert {r.on_disk for r in rows} == {"patched by apply (reclassify)"}
+    report = doctor.Report(rows=rows)
+    assert report.exit_code == 0
+    report = doctor.Report(rows=[by["GDNAttentionMetadataBuilder.build"]])
+    assert report.exit_code == 1 and "vLLM #51565" in report.verdict

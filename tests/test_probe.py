@@ -14,6 +14,7 @@ import hashlib
 import importlib.abc
 import importlib.util
 import inspect
+import itertools
 import json
 import logging
 import re
@@ -34,7 +35,14 @@ from gdn_backport import matrix
 from gdn_backport.analysis import Status
 from gdn_backport.harness.scenarios import EXTRA_SCENARIOS, SCENARIOS
 from gdn_backport.runtime import hook, probe
-from gdn_backport.runtime.probe import Layout, Probe, ProbeCounts, classify, wrap_builder
+from gdn_backport.runtime.probe import (
+    Layout,
+    Probe,
+    ProbeCounts,
+    classify,
+    new_row_decodes,
+    wrap_builder,
+)
 from tests.harness_fixtures import release_tree
 
 # -- layouts ---------------------------------------------------------------
@@ -342,7 +350,40 @@ def test_logs_every_n_builds_and_once_at_exit(
         "mixed",
         "spec_not_prefix",
         "errors",
+        "new_row_decodes",
     }
+
+
+def _meta(lens: list[int], **fields: list[int]) -> Any:
+    starts = [0, *itertools.accumulate(lens)]
+    m = types.SimpleNamespace(query_start_loc_cpu=torch.tensor(starts))
+    for name, values in fields.items():
+        setattr(m, name, torch.tensor(values))
+    return m
+
+
+def test_new_row_decodes_vllm_51565() -> None:
+    """A row without prior state classified as a decode is counted; a
+    resumed chunk, a capture dummy (not prefilling) and a new row the
+    builder made a prefill are not."""
+    decodes = types.SimpleNamespace(num_decodes=2, num_prefills=1, num_spec_decodes=0)
+    # rows: a decode (seq 10), a new one-token prompt (seq 1), an 8-token prefill
+    new = _meta([1, 1, 8], seq_lens_cpu_upper_bound=[10, 1, 8], is_prefilling=[0, 1, 1])
+    assert new_row_decodes(new, decodes, None)
+    resumed = _meta([1, 1, 8], seq_lens_cpu_upper_bound=[10, 6, 8], is_prefilling=[0, 1, 1])
+    assert not new_row_decodes(resumed, decodes, None)
+    capture = _meta([1, 1, 1], seq_lens_cpu_upper_bound=[1, 1, 1], is_prefilling=[0, 0, 0])
+    all_decodes = types.SimpleNamespace(num_decodes=3, num_prefills=0, num_spec_decodes=0)
+    assert not new_row_decodes(capture, all_decodes, None)
+    fixed = types.SimpleNamespace(num_decodes=1, num_prefills=2, num_spec_decodes=0)
+    assert not new_row_decodes(new, fixed, None)
+    # Older metadata: computed tokens, no is_prefilling; beside spec rows
+    # (before 0.18 one-token non-spec rows there stayed decodes).
+    old = _meta([4, 1], num_computed_tokens_cpu=[7, 0])
+    spec = types.SimpleNamespace(num_decodes=1, num_prefills=0, num_spec_decodes=1)
+    assert new_row_decodes(old, spec, torch.tensor([3, -1]))
+    # No prior-state field (a fork): not counted.
+    assert not new_row_decodes(_meta([4, 1]), spec, torch.tensor([3, -1]))
 
 
 def test_nothing_at_exit_without_builds(caplog: pytest.LogCaptureFixture) -> None:

@@ -132,18 +132,6 @@ def _here(path: Path, root: Path) -> str:
     return relative(path, root) if path != root else "."
 
 
-def _vllm_root(path: Path, root: Path) -> Path:
-    """The tree to analyse for a run on ``path``: the folder itself, or above
-    a single file the folder holding its ``vllm`` package (the runner lives
-    there)."""
-    if path.is_dir():
-        return path
-    for parent in path.resolve().parents:
-        if (parent / "vllm" / "__init__.py").is_file():
-            return parent if parent.is_relative_to(root.resolve()) else root
-    return root
-
-
 def apply_tree(
     path: Path,
     strategy: str = STRATEGY,
@@ -170,7 +158,8 @@ def _apply(
     cfg = load()
     fix = load_fix(PATCHSET)
     out = Outcome(root)
-    scope = _vllm_root(path, root)
+    # A folder is analysed whole; one file, with the folder it is in (its tree).
+    scope = path if path.is_dir() else root
     before = findings(scope, cfg)
     below = path.resolve()
 

@@ -26,8 +26,10 @@ their own ``.numpy()``).
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import inspect
+import itertools
 import json
 import logging
 import os
@@ -81,9 +83,57 @@ class Layout:
 
     mixed: bool  # spec rows and non-spec tokens together: the gather branch
     spec_not_prefix: bool  # a non-spec token precedes a spec token
+    # vLLM #51565: a row with no prior state (a new request's first chunk)
+    # that the builder classified as a decode (it reads a recycled slot).
+    new_row_decode: bool = False
 
 
 _NOT_MIXED = Layout(mixed=False, spec_not_prefix=False)
+
+
+def _host_field(metadata: Any, *names: str) -> list[int] | None:
+    """The first of ``names`` the metadata holds as host data (its instance
+    fields only: a property might compute from a device tensor)."""
+    fields = getattr(metadata, "__dict__", {})
+    for name in names:
+        value = fields.get(name)
+        if value is not None:
+            return _host_list(value)
+    return None
+
+
+def new_row_decodes(metadata: Any, result: Any, drafts: Any) -> bool:
+    """Whether the build classified a row without prior state as a decode.
+
+    No prior state: ``seq_lens_cpu_upper_bound <= query_len`` (0.20 on), or
+    no computed tokens (older fields), and still prefilling where the
+    metadata says (``is_prefilling``, 0.19 on: capture dummies are not;
+    before it they count too, at start-up only). Decodes: the first
+    ``num_decodes`` rows without spec rows; beside spec rows the one-token
+    non-spec rows where the builder still reports decodes (before 0.18)."""
+    decodes = getattr(result, "num_decodes", None)
+    spec = getattr(result, "num_spec_decodes", 0)
+    if not isinstance(decodes, int) or decodes <= 0:
+        return False
+    starts = _host_list(metadata.query_start_loc_cpu)
+    lens = [b - a for a, b in itertools.pairwise(starts)]
+    upper = _host_field(metadata, "seq_lens_cpu_upper_bound")
+    if upper is not None:
+        fresh = [u <= q for u, q in zip(upper, lens, strict=False)]
+    else:
+        computed = _host_field(metadata, "num_computed_tokens_cpu", "_num_computed_tokens_cpu")
+        if computed is None:
+            return False  # a fork's metadata without these fields: not counted
+        fresh = [c == 0 for c in computed]
+    prefilling = _host_field(metadata, "is_prefilling")
+    if prefilling is not None:
+        fresh = [f and bool(p) for f, p in zip(fresh, prefilling, strict=False)]
+    if isinstance(spec, int) and spec > 0:
+        marks = _host_list(drafts) if drafts is not None else []
+        rows = [i for i, d in enumerate(marks) if d < 0 and lens[i] == 1]
+    else:
+        rows = list(range(min(decodes, len(lens))))
+    return any(lens[i] > 0 and fresh[i] for i in rows if i < len(fresh))
 
 
 def _host_list(values: Any) -> list[int]:
@@ -151,6 +201,7 @@ class ProbeCounts:
     mixed: int = 0
     spec_not_prefix: int = 0
     errors: int = 0
+    new_row_decodes: int = 0
 
     def line(self, pid: int | None = None) -> str:
         """``gdn-backport probe: 123456 builds, 2345 mixed (19.0/1000), ...``."""
@@ -163,6 +214,11 @@ class ProbeCounts:
             f"{self.mixed} mixed ({per_mille(self.mixed):.1f}/1000), "
             f"{self.spec_not_prefix} spec-not-prefix ({per_mille(self.spec_not_prefix):.2f}/1000)"
         )
+        if self.new_row_decodes:
+            text += (
+                f", {self.new_row_decodes} new-row decodes "
+                f"({per_mille(self.new_row_decodes):.2f}/1000, vLLM #51565)"
+            )
         if self.errors:
             text += f", {self.errors} probe errors"
         return f"{text} [pid {os.getpid() if pid is None else pid}]"
@@ -181,18 +237,22 @@ class Probe:
         self.json_path = json_path
         self._lock = threading.Lock()
         self._builds = self._mixed = self._not_prefix = self._errors = 0
+        self._new_rows = 0
         self._error_logged = False
         self._final_done = False
 
     def counts(self) -> ProbeCounts:
         with self._lock:
-            return ProbeCounts(self._builds, self._mixed, self._not_prefix, self._errors)
+            return ProbeCounts(
+                self._builds, self._mixed, self._not_prefix, self._errors, self._new_rows
+            )
 
     def record(self, layout: Layout) -> None:
         with self._lock:
             self._builds += 1
             self._mixed += layout.mixed
             self._not_prefix += layout.spec_not_prefix
+            self._new_rows += layout.new_row_decode
             due = self.every > 0 and self._builds % self.every == 0
         if due:
             self.report()
@@ -219,6 +279,7 @@ class Probe:
         """Zero the counts (a forked child starts here)."""
         with self._lock:
             self._builds = self._mixed = self._not_prefix = self._errors = 0
+            self._new_rows = 0
             self._error_logged = self._final_done = False
 
     def report(self, final: bool = False) -> None:
@@ -271,6 +332,13 @@ def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, index: i
 
 
 def _observe(builder: Any, metadata: Any, drafts: Any, result: Any) -> Layout:
+    layout = _observe_spec(builder, metadata, drafts, result)
+    if new_row_decodes(metadata, result, drafts):
+        return dataclasses.replace(layout, new_row_decode=True)
+    return layout
+
+
+def _observe_spec(builder: Any, metadata: Any, drafts: Any, result: Any) -> Layout:
     mixed = _mixed_from_result(result)
     if mixed is False:
         return _NOT_MIXED
