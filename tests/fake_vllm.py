@@ -118,6 +118,7 @@ def forget_fake() -> None:
     from gdn_backport.runtime import hook, plugin
 
     hook.unwatch(plugin.WATCH)
+    hook.unwatch(plugin.WATCH_SPLIT)
     for name in [n for n in sys.modules if n.split(".", 1)[0] in ("vllm", "vllm_fakehw")]:
         del sys.modules[name]
 

@@ -113,7 +113,8 @@ def test_second_register_changes_nothing(fake: Any, caplog: pytest.LogCaptureFix
     plugin.register()
     assert _method() is first
     assert sum(isinstance(f, hook.PostImportFinder) for f in sys.meta_path) == 1
-    assert list(hook.installed().watches) == [plugin.WATCH]  # type: ignore[union-attr]
+    watches = list(hook.installed().watches)  # type: ignore[union-attr]
+    assert watches == [plugin.WATCH, plugin.WATCH_SPLIT]
     assert not [r for r in caplog.records if "patched" in r.getMessage()]
 
 
@@ -284,3 +285,59 @@ def test_a_chained_spec_path_is_patched_in_the_live_caller(fake: Any) -> None:
     assert _spec_gate_rows(module, torch) == [[1, 2, 3]]
     [method] = [m for m in live.live_methods(module) if m.name == "_forward_core"]
     assert method.status.value == "fixed"
+
+
+SPLIT_BUILDER = """
+from vllm.v1.utils import split_decodes_and_prefills
+
+class Builder:
+    def build(self, common_prefix_len, common_attn_metadata):
+        m = common_attn_metadata
+        a, b, c, d = split_decodes_and_prefills(m, decode_threshold=1)
+        return dict(non_spec_state_indices_tensor=None)
+"""
+SPLIT_FIXED = SPLIT_BUILDER.replace(
+    "split_decodes_and_prefills(m, decode_threshold=1)",
+    "split_decodes_and_prefills(m.replace(is_prefilling=m.seq_lens_cpu_upper_bound <= 1), "
+    "treat_short_extends_as_decodes=False)",
+)
+SPLIT_RUNNER = """
+class Runner:
+    def _is_uniform_decode(self, n):
+        return True
+
+    def execute_model(self, scheduler_output):
+        return self._determine_batch_execution_and_padding(num_tokens=1, num_reqs=1)
+"""
+
+
+@pytest.mark.parametrize(
+    ("builder", "errors"),
+    [
+        (SPLIT_BUILDER, ["vllm.v1.builder.Builder.build: affected"]),
+        # 0.31.0's half fix: the builder is fixed, the runner's route open.
+        (SPLIT_FIXED, ["vllm.v1.runner.Runner.execute_model: affected"]),
+    ],
+)
+def test_pr51565_sites_are_reported_not_patched(
+    fake: Any, caplog: pytest.LogCaptureFixture, builder: str, errors: list[str]
+) -> None:
+    site = fake()
+    v1 = site / "vllm" / "v1"
+    v1.mkdir()
+    (v1 / "__init__.py").write_text("")
+    (v1 / "utils.py").write_text("def split_decodes_and_prefills(*a, **k):\n    return 0\n")
+    (v1 / "runner.py").write_text(SPLIT_RUNNER)
+    (v1 / "builder.py").write_text(builder)
+    caplog.set_level(logging.INFO, "gdn_backport")
+    plugin.register()
+    importlib.import_module("vllm.v1.runner")  # the runner first, as a worker does
+    importlib.import_module("vllm.v1.builder")
+    found = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert [line.split(" for vLLM #51565")[0] for line in found] == [
+        f"gdn-backport: {e}" for e in errors
+    ]
+    assert all("apply --installed --patchset pr51565" in line for line in found)
+    # Reported, not patched: the class's build is the file's own.
+    build = importlib.import_module("vllm.v1.builder").Builder.build
+    assert inspect.getsourcefile(build) == str(v1 / "builder.py")

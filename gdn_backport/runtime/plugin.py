@@ -22,6 +22,14 @@ What register() does:
   check runs again, once per class, when the first layer is constructed (the
   model is built after every plugin of the process has loaded). A method
   replaced after that is not seen (``gdn-backport doctor`` shows what is live).
+* patchset pr51565 (a new request's one-token chunk read as a decode) is not
+  patched in memory: its fix spans the metadata builder and the model
+  runner, which a process has built and captured graphs with before any
+  layer runs. Each builder or runner module imported is analysed from its
+  file (:mod:`gdn_backport.prior_state.analysis`, runner verdicts settled
+  with the builders seen so far) and every affected or unknown site gets
+  one ERROR line naming the fix: ``gdn-backport apply --installed
+  --patchset pr51565``.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ if TYPE_CHECKING:
 
 LOGGER = logging.getLogger("gdn_backport")
 WATCH = "pr51812-patch"  # this plugin's post-import watch (see .hook)
+WATCH_SPLIT = "pr51565-check"  # the watch that reports pr51565 sites
 # Classes whose first construction re-checks them (at most once each), and
 # those of them not constructed yet (class -> its module).
 _WATCHED: weakref.WeakSet[type] = weakref.WeakSet()
@@ -77,6 +86,84 @@ def register() -> None:
     _watch_imports(patchset)
     for module in live.gdn_modules(patchset):
         patch_module(module, patchset)
+    _watch_split()
+
+
+class _SplitReport:
+    """pr51565's sites of the modules imported so far, each reported once."""
+
+    def __init__(self) -> None:
+        from gdn_backport.prior_state.config import load
+
+        self.cfg = load()
+        self.marks = tuple(
+            m.encode() for m in (self.cfg.split, self.cfg.v1_dispatch, self.cfg.v2_shape_only)
+        )
+        self.seen: dict[str, list[Any]] = {}
+        self.reported: set[tuple[str, str, str]] = set()
+
+    def accepts(self, spec: importlib.machinery.ModuleSpec) -> bool:
+        origin = spec.origin or ""
+        if not origin.endswith(".py"):
+            return False
+        try:
+            with open(origin, "rb") as fh:
+                data = fh.read()
+        except OSError:
+            return False
+        return b"def " in data and any(m in data for m in self.marks)
+
+    def module(self, module: types.ModuleType) -> None:
+        import ast
+
+        from gdn_backport.analysis import Status
+        from gdn_backport.prior_state.analysis import analyse_module, settle
+
+        origin = getattr(module, "__file__", None) or ""
+        try:
+            with open(origin, encoding="utf-8") as fh:
+                text = fh.read()
+            found = analyse_module(ast.parse(text), text, self.cfg)
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            return
+        if not found:
+            return
+        self.seen[module.__name__] = [(module.__name__, f) for f in found]
+        pairs = [pair for pairs in self.seen.values() for pair in pairs]
+        settled = settle([f for _, f in pairs])
+        for (name, _), f in zip(pairs, settled, strict=True):
+            key = (name, f.function, f.kind)
+            if f.status in (Status.AFFECTED, Status.UNKNOWN) and key not in self.reported:
+                self.reported.add(key)
+                LOGGER.error(
+                    "gdn-backport: %s.%s: %s for vLLM #51565 (%s); the plugin does not patch "
+                    "this in memory: run `gdn-backport apply --installed --patchset pr51565`",
+                    name,
+                    f.function,
+                    f.status.value,
+                    f.reason,
+                )
+
+
+def _watch_split() -> None:
+    import sys
+
+    from gdn_backport.runtime import hook, live
+
+    report = _SplitReport()
+    hook.watch(
+        WATCH_SPLIT,
+        hook.Watch(
+            names=lambda name: name.split(".", 1)[0].startswith(live.PREFIX),
+            callback=report.module,
+            accepts=report.accepts,
+        ),
+    )
+    for name, module in list(sys.modules.items()):
+        spec = getattr(module, "__spec__", None)
+        ours = name.split(".", 1)[0].startswith(live.PREFIX)
+        if ours and spec is not None and report.accepts(spec):
+            report.module(module)
 
 
 def _watch_imports(patchset: Patchset) -> None:
