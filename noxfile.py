@@ -192,6 +192,7 @@ def wheel(session: nox.Session) -> None:
     # compares every scan of the release with matrix/releases.toml (exit 0).
     scan = [cli, "scan", "--release", "0.25.1"]
     out = session.run(*scan, external=True, success_codes=[1], silent=True)
-    if "affected" not in str(out):
+    if "affected" not in str(out) or "GDNAttentionMetadataBuilder.build" not in str(out):
+        # Both patchsets: the layer's spec path and the builder (pr51565).
         session.error(f"gdn-backport scan --release 0.25.1 from the wheel: {out}")
     session.run(cli, "matrix", "check", "--release", "0.25.1", external=True)

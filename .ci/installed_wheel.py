@@ -29,15 +29,22 @@ for name in ("gdn_backport", "gdn_backport_kernels"):
         fail(f"{name} has no py.typed")
 
 for package, want in (("gdn_backport._patchsets", "pr51812.toml"),
+                      ("gdn_backport._patchsets", "pr51565.toml"),
                       ("gdn_backport._matrix", "releases.toml")):  # fmt: skip
     if not resources.files(package).joinpath(want).is_file():
         fail(f"package data {package}/{want} is missing")
 
-from gdn_backport import matrix, patchset  # noqa: E402
+from gdn_backport import fixes, matrix, patchset  # noqa: E402
 
 ps = patchset.load("pr51812")
 if not ps.strategies:
     fail("the patchset pr51812 loads with no strategies")
+if fixes.available() != ("pr51812", "pr51565"):
+    fail(f"patchsets found: {fixes.available()}")
+for fix in map(fixes.load_fix, fixes.available()):
+    # Each patchset's engine and codemods import from the wheel.
+    if not hasattr(fix.engine, "apply_tree") or not fix.describe(fix.strategies[0]):
+        fail(f"patchset {fix.id}: its engine {fix.engine_module} does not load")
 if not matrix.load().releases:
     fail("matrix/releases.toml loads with no releases")
 

@@ -28,15 +28,17 @@ if TYPE_CHECKING:
 
 
 DESCRIPTION = """\
-Find, prove and backport the fix of vLLM PR #51812 (Gated DeltaNet
-speculative decoding: the spec kernel read other tokens' gate rows in mixed
-batches) in any vLLM tree: a checkout or fork, an unpacked sdist, the vllm
-package itself, or the vllm this Python imports. Sites are found by analysing
-the code, never by version number; nothing of the target is executed."""
+Find, prove and backport fixes of the Gated DeltaNet family in any vLLM tree
+(a checkout or fork, an unpacked sdist, the vllm package itself, or the vllm
+this Python imports): vLLM PR #51812 (patchset pr51812: the spec kernel read
+other tokens' gate rows in mixed batches) and PR #51565 (patchset pr51565: a
+new request's one-token first chunk read a recycled state slot as a decode).
+Sites are found by analysing the code, never by version number; nothing of
+the target is executed."""
 
 EPILOG = """\
 commands:
-  scan PATH                  GDN spec paths: affected / fixed / not_affected / unknown
+  scan PATH                  GDN sites: affected / fixed / not_affected / unknown
   apply PATH                 rewrite affected sites in place, print the diff
   apply --check PATH         CI gate: exit 1 while an affected site remains
   apply --dry-run PATH       the diff only
@@ -48,6 +50,9 @@ commands:
   matrix run                 run its cells: fetch, patch a copy, scan, verify
   matrix export github|buildkite  the cells as a CI document
   doctor                     which GDN code this Python's vLLM runs, and its status
+
+--patchset NAME (repeatable; scan, apply, revert, verify): only these
+patchsets (default all: pr51812, pr51565).
 
 PATH: a folder holding vllm/ (or one folder down), the vllm package itself,
 a plugin importing vllm, or one file. Instead of PATH: --installed (the vllm

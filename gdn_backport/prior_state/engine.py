@@ -173,7 +173,7 @@ def _apply(
                 SiteChange(_site(relative(file, root), f), _site(relative(file, root), f), False)
             )
     for file, f in sites:
-        if f.status is Status.UNKNOWN:
+        if f.status is Status.UNKNOWN and shown(file):
             out.refused.append((relative(file, root), f"{f.function}: {f.reason}"))
     # A builder fix makes every open FULL decode route a half fix: they go with it.
     fixing = any(f.kind == "builder" and f.status is Status.AFFECTED for _, f in sites)
