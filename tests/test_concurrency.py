@@ -203,6 +203,8 @@ def test_parallel_applies_on_a_real_release_copy(tmp_path: Path) -> None:
     tree = sources.copy_release("0.25.1", tmp_path / "cc")
     gdn = tree / "vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py"
     original = gdn.read_bytes()
+    builder = tree / "vllm/v1/attention/backends/gdn_attn.py"
+    original_builder = builder.read_bytes()
     cli = [sys.executable, "-m", "gdn_backport"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     procs = [
@@ -211,10 +213,12 @@ def test_parallel_applies_on_a_real_release_copy(tmp_path: Path) -> None:
     ]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0]
-    assert sum("patched 1 file(s)" in o for o in outs) == 1
-    assert sum("nothing to do" in o for o in outs) == 2
+    # Both patchsets: pr51812's layer file, pr51565's builder and runners.
+    assert sum("pr51812: patched 1 file(s)" in o for o in outs) == 1
+    assert sum("pr51565: patched 3 file(s)" in o for o in outs) == 1
+    assert sum("nothing to do" in o and "patched" not in o for o in outs) == 2
     assert gdn.read_bytes() != original
     proc = subprocess.run([*cli, "revert", str(tree)], env=env, capture_output=True, text=True)
-    assert proc.returncode == 0 and "restored 1 file(s)" in proc.stdout, proc.stdout
-    assert gdn.read_bytes() == original
+    assert proc.returncode == 0 and "restored 4 file(s)" in proc.stdout, proc.stdout
+    assert gdn.read_bytes() == original and builder.read_bytes() == original_builder
     shutil.rmtree(tree / atomic.STATE_DIR)

@@ -27,7 +27,23 @@ def test_shipped_matrix_loads() -> None:
     with_sdist = [r for r in m.releases if not r.wheel_only]
     assert len(with_sdist) == 34
     assert sum(r.status is Status.AFFECTED for r in with_sdist) == 17
-    assert {r.strategies for r in m.releases} == {("none",), ("gather", "kernel")}
+    assert {r.strategies for r in m.releases} == {
+        ("none", "reclassify"),
+        ("gather", "kernel", "reclassify"),
+    }
+    # pr51565: affected everywhere (0.31.0+ through the V1 runner's route),
+    # refused where the metadata has no fields for a rule (before 0.20.0).
+    assert {r.split_status for r in with_sdist} == {Status.AFFECTED}
+    refused = [r.version for r in with_sdist if r.split_apply == "refuse"]
+    assert refused[0] == "0.10.2" and refused[-1] == "0.19.1" and len(refused) == 15
+
+
+def test_bad_pr51565_entry_names_file_and_key() -> None:
+    row = {"version": "1.0", "path": "p", "function": "f", "status": "fixed"}
+    with pytest.raises(UsageError, match="key 'pr51565'.*'bad' is not a status"):
+        matrix.parse({"release": [{**row, "pr51565": {"status": "bad"}}]})
+    with pytest.raises(UsageError, match="apply must be 'patch' or 'refuse'"):
+        matrix.parse({"release": [{**row, "pr51565": {"status": "affected", "apply": "x"}}]})
 
 
 @pytest.mark.parametrize(
@@ -81,18 +97,28 @@ def test_cells_of_the_shipped_matrix() -> None:
     m = matrix.load()
     cells = matrix.cells(m)
     ids = [c.id for c in cells]
-    # 17 affected releases x (gather, kernel) + 17 others x none; no wheel_only.
-    assert len(cells) == 51 and len(set(ids)) == 51
+    # 17 affected releases x (gather, kernel) + 17 others x none, and every
+    # release x reclassify (pr51565); no wheel_only.
+    assert len(cells) == 85 and len(set(ids)) == 85
     assert "0.25.1-gather" in ids and "0.25.1-kernel" in ids and "0.28.0-none" in ids
+    assert "0.25.1-reclassify" in ids and "0.10.2-reclassify" in ids
+    assert {c.patchset for c in cells if c.strategy == "reclassify"} == {"pr51565"}
+    assert {c.patchset for c in cells if c.strategy != "reclassify"} == {"pr51812"}
     assert not any(i.startswith("0.15.") for i in ids)
     assert all(c.selector() == ["--cell", c.id] for c in cells)
     named = matrix.cells(m, releases=["0.15.0", "0.25.1"])
-    assert [c.id for c in named] == ["0.15.0-none", "0.25.1-gather", "0.25.1-kernel"]
+    assert [c.id for c in named] == [
+        "0.15.0-none",
+        "0.15.0-reclassify",
+        "0.25.1-gather",
+        "0.25.1-kernel",
+        "0.25.1-reclassify",
+    ]
     assert [c.id for c in matrix.cells(m, strategies=["kernel"])][:2] == [
         "0.18.0-kernel",
         "0.18.1-kernel",
     ]
-    assert len(matrix.cells(m, include_wheel_only=True)) == 53
+    assert len(matrix.cells(m, include_wheel_only=True)) == 89
 
 
 def test_cell_ids_name_exact_cells_even_off_the_matrix() -> None:

@@ -85,7 +85,12 @@ def test_github_matrix_is_one_line_of_include_entries(capsys: pytest.CaptureFixt
 def test_github_matrix_selection_and_trees(tmp_path: Path) -> None:
     m = matrix.load()
     doc = export.github_matrix(matrix.cells(m, releases=["0.28.0"]))
-    assert doc == {"include": [{"id": "0.28.0-none", "strategy": "none", "release": "0.28.0"}]}
+    assert doc == {
+        "include": [
+            {"id": "0.28.0-none", "strategy": "none", "release": "0.28.0"},
+            {"id": "0.28.0-reclassify", "strategy": "reclassify", "release": "0.28.0"},
+        ]
+    }
     fork = matrix.adhoc_tree(tmp_path, ref="main")
     (entry,) = export.github_matrix(matrix.cells(m, trees=[fork]))["include"]
     assert entry == {"id": f"{fork.name}-gather", "strategy": "gather", "tree": str(tmp_path),
@@ -121,7 +126,7 @@ def test_buildkite_pipeline_steps(capsys: pytest.CaptureFixture[str]) -> None:
     assert text == export.buildkite_yaml(_cells(), queue="h200-gpu")
     assert export.check_buildkite(doc) == []
     steps = doc["steps"]
-    assert isinstance(steps, list) and len(steps) == 51
+    assert isinstance(steps, list) and len(steps) == 85
     keys = [s["key"] for s in steps]
     assert len(set(keys)) == len(keys) and keys[0] == "cell-0_10_2-none"
     for step, cell in zip(steps, _cells(), strict=True):
@@ -131,7 +136,7 @@ def test_buildkite_pipeline_steps(capsys: pytest.CaptureFixture[str]) -> None:
         (again,) = matrix.cells(matrix.load(), ids=args.cell)
         assert again.id == cell.id
     # The text is that document: every step's fields appear as written.
-    assert text.count("\n  - label: ") == 51
+    assert text.count("\n  - label: ") == 85
     assert '    key: "cell-0_25_1-gather"\n' in text
     assert '    command: "gdn-backport matrix run --cell 0.25.1-gather"\n' in text
     assert '    agents:\n      queue: "h200-gpu"\n' in text

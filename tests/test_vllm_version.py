@@ -125,7 +125,7 @@ def test_cli_prints_the_version(capsys: pytest.CaptureFixture[str], affected_tre
     assert main(["scan", str(affected_tree), "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["vllm_version"] == {"version": "0.25.1", "source": "vllm/_version.py"}
-    assert set(doc) == {"tree", "sites", "vllm_version", "leftovers"}
+    assert set(doc) == {"tree", "patchsets", "sites", "vllm_version", "leftovers"}
     assert main(["apply", "--dry-run", str(affected_tree), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["vllm_version"]["version"] == "0.25.1"

@@ -316,7 +316,9 @@ def _vllm_config(num_spec: int) -> _ConfigNode:
         compilation_config=_ConfigNode(
             "vllm_config.compilation_config",
             cudagraph_mode=_CudagraphMode(),
-            max_cudagraph_capture_size=None,
+            # Only sizes the persistent decode buffers (FULL graphs are off).
+            max_cudagraph_capture_size=512,
+            max_capture_size=512,  # its name before 0.11
             cudagraph_capture_sizes=[],
             full_cuda_graph=False,
         ),
@@ -735,6 +737,12 @@ class BuilderRunner:
             return self._fresh(scenario, builder)
         except HarnessError as exc:
             return self._result(scenario, {}, [f"harness: {exc}"], [], False)
+        except Exception as exc:
+            # The tree's own code raised on this batch (0.17's builder asserts
+            # on a one-token row beside spec rows): a failure, with why.
+            return self._result(
+                scenario, {}, [f"raised {type(exc).__name__}: {exc}"[:300]], [], False
+            )
 
     def _result(
         self,
