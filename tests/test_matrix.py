@@ -40,7 +40,7 @@ def test_shipped_matrix_loads() -> None:
 
 def test_bad_pr51565_entry_names_file_and_key() -> None:
     row = {"version": "1.0", "path": "p", "function": "f", "status": "fixed"}
-    with pytest.raises(UsageError, match="key 'pr51565'.*'bad' is not a status"):
+    with pytest.raises(UsageError, match=r"key 'pr51565'.*'bad' is not a status"):
         matrix.parse({"release": [{**row, "pr51565": {"status": "bad"}}]})
     with pytest.raises(UsageError, match="apply must be 'patch' or 'refuse'"):
         matrix.parse({"release": [{**row, "pr51565": {"status": "affected", "apply": "x"}}]})
