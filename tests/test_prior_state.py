@@ -165,11 +165,34 @@ def _build(body: str) -> str:
         # dataclasses.replace, and an older prior-state field.
         (
             """
-            fresh = m._num_computed_tokens_cpu == 0
+            fresh = (m._num_computed_tokens_cpu == 0) & m.is_prefilling
             a, b, c, d = split_decodes_and_prefills(
                 replace(m, is_prefilling=fresh), 1, treat_short_extends_as_decodes=False)
             """,
             Status.FIXED,
+        ),
+        # Mutants of the rule: never "fixed".
+        *(
+            (
+                f"""
+                ql = m.query_start_loc_cpu.diff()
+                fresh = {rule}
+                a, b, c, d = split_decodes_and_prefills(
+                    m.replace(is_prefilling=fresh), treat_short_extends_as_decodes=False)
+                """,
+                Status.UNKNOWN,
+            )
+            for rule in (
+                # no capture gate: capture dummies (seq_len == query_len) become prefills
+                "(ql > 0) & (m.seq_lens_cpu_upper_bound <= ql)",
+                # strict: never true, nothing is reclassified
+                "(m.seq_lens_cpu_upper_bound < ql) & m.is_prefilling",
+                "(m.seq_lens_cpu_upper_bound >= ql) & m.is_prefilling",
+                "~(m.seq_lens_cpu_upper_bound <= ql) & m.is_prefilling",
+                "(m.seq_lens_cpu_upper_bound <= ql) | m.is_prefilling",
+                "(m._num_computed_tokens_cpu > 0) & m.is_prefilling",
+                "(m._num_computed_tokens_cpu == 1) & m.is_prefilling",
+            )
         ),
         # Every prompt chunk a prefill (the Mamba builders): safe.
         (
@@ -235,7 +258,7 @@ def test_runner_route_takes_its_verdict_from_the_builders() -> None:
     length_only = _build("a, b, c, d = split_decodes_and_prefills(m)\n")
     fixed = _build(
         "a, b, c, d = split_decodes_and_prefills(\n"
-        "    m.replace(is_prefilling=m.seq_lens_cpu_upper_bound <= 1),\n"
+        "    m.replace(is_prefilling=(m.seq_lens_cpu_upper_bound <= 1) & m.is_prefilling),\n"
         "    treat_short_extends_as_decodes=False)\n"
     )
     runner = textwrap.dedent(V1_RUNNER)

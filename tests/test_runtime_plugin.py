@@ -298,8 +298,8 @@ class Builder:
 """
 SPLIT_FIXED = SPLIT_BUILDER.replace(
     "split_decodes_and_prefills(m, decode_threshold=1)",
-    "split_decodes_and_prefills(m.replace(is_prefilling=m.seq_lens_cpu_upper_bound <= 1), "
-    "treat_short_extends_as_decodes=False)",
+    "split_decodes_and_prefills(m.replace(is_prefilling=(m.seq_lens_cpu_upper_bound <= 1) "
+    "& m.is_prefilling), treat_short_extends_as_decodes=False)",
 )
 SPLIT_RUNNER = """
 class Runner:

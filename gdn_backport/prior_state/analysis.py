@@ -137,20 +137,102 @@ def _replaced_is_prefilling(node: ast.expr, fn: ast.FunctionDef) -> ast.expr | b
     return None
 
 
-def _compares_prior_state(
-    value: ast.expr, fn: ast.FunctionDef, cfg: Config, depth: int = 0
-) -> bool:
-    """``value`` (through the locals it reads) compares a prior-state field."""
-    for n in ast.walk(value):
-        if isinstance(n, ast.Compare) and _attrs(n) & cfg.prior_state:
-            return True
-    if depth < 3:
-        for n in ast.walk(value):
-            if isinstance(n, ast.Name):
-                for v in _assignments(fn, n.id):
-                    if v is not value and _compares_prior_state(v, fn, cfg, depth + 1):
-                        return True
+@dataclass
+class _Rule:
+    """What the value handed as ``is_prefilling`` selects, as a conjunction."""
+
+    prior: bool = False  # a conjunct selects rows without prior state
+    gate: bool = False  # a conjunct is is_prefilling (capture dummies stay decodes)
+    bad: str = ""  # why it is not a conjunction this analysis knows
+
+
+def _field_read(node: ast.expr, fn: ast.FunctionDef, names: frozenset[str]) -> bool:
+    """``node`` is a read of one of ``names`` (``m.f``, ``m.f[:n]``, or a
+    local assigned once from such a read)."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    if isinstance(node, ast.Attribute):
+        return node.attr in names
+    if isinstance(node, ast.Name):
+        values = _assignments(fn, node.id)
+        return len(values) == 1 and _field_read(values[0], fn, names)
     return False
+
+
+def _compare_kind(node: ast.Compare, fn: ast.FunctionDef, cfg: Config) -> str:
+    """``prior`` (selects rows without prior state), ``other`` (compares no
+    prior-state field, e.g. ``query_lens > 0``) or ``wrong``."""
+    if len(node.ops) != 1:
+        return "wrong" if _attrs(node) & cfg.prior_state else "other"
+    left, op, right = node.left, node.ops[0], node.comparators[0]
+
+    def const(x: ast.expr, value: int) -> bool:
+        return isinstance(x, ast.Constant) and x.value == value
+
+    if _field_read(left, fn, cfg.seq_lens):
+        return "prior" if isinstance(op, ast.LtE | ast.Eq) else "wrong"
+    if _field_read(right, fn, cfg.seq_lens):
+        return "prior" if isinstance(op, ast.GtE | ast.Eq) else "wrong"
+    if _field_read(left, fn, cfg.computed):
+        ok = (isinstance(op, ast.Eq | ast.LtE) and const(right, 0)) or (
+            isinstance(op, ast.Lt) and const(right, 1)
+        )
+        return "prior" if ok else "wrong"
+    if _field_read(right, fn, cfg.computed):
+        ok = (isinstance(op, ast.Eq | ast.GtE) and const(left, 0)) or (
+            isinstance(op, ast.Gt) and const(left, 1)
+        )
+        return "prior" if ok else "wrong"
+    return "other"
+
+
+def _definitions(fn: ast.FunctionDef, name: str) -> list[tuple[str, ast.expr]]:
+    """``("=", value)`` and ``("&=", value)`` (any other ``op=`` as its
+    operator's name) of the local ``name``."""
+    out: list[tuple[str, ast.expr]] = []
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in n.targets
+        ):
+            out.append(("=", n.value))
+        elif (
+            isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name) and n.target.id == name
+        ):
+            op = "&=" if isinstance(n.op, ast.BitAnd) else type(n.op).__name__
+            out.append((op, n.value))
+    return out
+
+
+def _is_zeros(node: ast.expr) -> bool:
+    return isinstance(node, ast.Call) and _name(node.func) in ("zeros_like", "zeros")
+
+
+def _conjuncts(
+    node: ast.expr, fn: ast.FunctionDef, cfg: Config, rule: _Rule, seen: frozenset[str]
+) -> None:
+    if rule.bad:
+        return
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitAnd):
+        _conjuncts(node.left, fn, cfg, rule, seen)
+        _conjuncts(node.right, fn, cfg, rule, seen)
+    elif isinstance(node, ast.Compare):
+        kind = _compare_kind(node, fn, cfg)
+        if kind == "wrong":
+            rule.bad = f"{ast.unparse(node)} does not select rows without prior state"
+        rule.prior |= kind == "prior"
+    elif isinstance(node, ast.Attribute) and node.attr == "is_prefilling":
+        rule.gate = True
+    elif isinstance(node, ast.Name) and node.id not in seen and len(seen) < 4:
+        defs = _definitions(fn, node.id)
+        plain = [v for op, v in defs if op == "=" and not _is_zeros(v)]
+        if not defs or len(plain) > 1 or any(op not in ("=", "&=") for op, _ in defs):
+            rule.bad = f"{node.id} is not one conjunction of tests (assigned {len(defs)} ways)"
+            return
+        for op, value in defs:
+            if not (op == "=" and _is_zeros(value)):  # the None branch: no row
+                _conjuncts(value, fn, cfg, rule, seen | {node.id})
+    else:
+        rule.bad = f"{ast.unparse(node)} is not a test the analysis knows"
 
 
 def _length_counts(fn: ast.FunctionDef, count: str) -> list[int]:
@@ -233,13 +315,26 @@ def _judge_split(fn: ast.FunctionDef, call: ast.Call, cfg: Config) -> tuple[Stat
             True,
         )
     assert isinstance(replaced, ast.expr)
-    if _compares_prior_state(replaced, fn, cfg):
+    rule = _Rule()
+    _conjuncts(replaced, fn, cfg, rule, frozenset())
+    if rule.bad:
+        return Status.UNKNOWN, f"is_prefilling is replaced: {rule.bad}", False
+    if rule.prior and rule.gate:
         return (
             Status.FIXED,
-            "rows without prior state are prefills (is_prefilling replaced by a prior-state test)",
+            "rows without prior state are prefills (is_prefilling replaced by a "
+            "prior-state test gated on is_prefilling)",
             True,
         )
-    if isinstance(replaced, ast.Attribute) and replaced.attr == "is_prefilling":
+    if rule.prior:
+        return (
+            Status.UNKNOWN,
+            "the rule is not gated on is_prefilling: capture dummies (seq_len == "
+            "query_len) become prefills, and the decode graph is captured without its "
+            "buffers",
+            False,
+        )
+    if rule.gate:
         return Status.NOT_AFFECTED, "every prompt chunk is a prefill (is_prefilling)", True
     return (
         Status.UNKNOWN,

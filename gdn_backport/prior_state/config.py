@@ -14,7 +14,8 @@ from gdn_backport.fixes import load_fix
 class Config:
     split: str
     family: frozenset[str]
-    prior_state: frozenset[str]
+    seq_lens: frozenset[str]
+    computed: frozenset[str]
     needs_fields: tuple[str, ...]
     needs_param: str
     v1_uniform: str
@@ -22,6 +23,10 @@ class Config:
     v1_force: str
     v1_computed: str
     v2_shape_only: str
+
+    @property
+    def prior_state(self) -> frozenset[str]:
+        return self.seq_lens | self.computed
 
 
 def _table(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
@@ -54,7 +59,8 @@ def parse(data: dict[str, Any], where: str) -> Config:
     return Config(
         split=_str(b, "split", wb),
         family=frozenset(_strs(b, "family", wb)),
-        prior_state=frozenset(_strs(b, "prior_state", wb)),
+        seq_lens=frozenset(_strs(b, "seq_lens", wb)),
+        computed=frozenset(_strs(b, "computed", wb)),
         needs_fields=_strs(b, "needs_fields", wb),
         needs_param=_str(b, "needs_param", wb),
         v1_uniform=_str(r, "v1_uniform", wr),
