@@ -452,3 +452,40 @@ def test_release_without_the_fields_is_refused_with_the_reason(
     # pr51812 alone still patches that release.
     code, _, _ = run(capsys, "apply", str(root), "--patchset", "pr51812")
     assert code == 0
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_both_patchsets_applied_pass_both_suites(tmp_path: Path) -> None:
+    """0.27.1 (the Kimi K3 builder too) with both fixes in: the #51812
+    mixed-batch scenarios and the #51565 builder scenarios all pass, and
+    revert gives back every file."""
+    from gdn_backport import sources
+    from gdn_backport.apply_all import apply_fixes
+    from gdn_backport.fixes import selected
+    from gdn_backport.harness.scenarios import CI_SCENARIOS
+    from gdn_backport.verify import verify_tree
+    from tests.harness_fixtures import interpreted
+
+    interpreted()
+    root = sources.copy_release("0.27.1", tmp_path / "tree")
+    pristine = sources.release_tree("0.27.1")
+    results = apply_fixes(root, selected(None))
+    written = {fix.id: sorted(out.written) for fix, out in results}
+    assert written == {
+        "pr51812": ["vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py"],
+        "pr51565": [
+            "vllm/models/kimi_k3/nvidia/kda_metadata.py",
+            "vllm/v1/attention/backends/gdn_attn.py",
+            "vllm/v1/worker/gpu/model_runner.py",
+            "vllm/v1/worker/gpu_model_runner.py",
+        ],
+    }
+    report = verify_tree(root, scenarios=[*CI_SCENARIOS, *STALE, "decode_new_prefill"])
+    assert report.error == "" and report.rows
+    assert [(r.name, r.note) for r in report.rows if not r.passed] == []
+    assert {r.tag for r in report.rows} >= {"builder"}
+    back = revert_tree(root)
+    assert back.refused == [] and len(back.written) == 5
+    for rel in [p for paths in written.values() for p in paths]:
+        assert (root / rel).read_bytes() == (pristine / rel).read_bytes(), rel
