@@ -280,6 +280,63 @@ def test_runner_route_takes_its_verdict_from_the_builders() -> None:
     assert analyse_module(ast.parse(speculator), speculator, cfg) == []
 
 
+V1_GUARD = (
+    "False if bool((self.input_batch.num_computed_tokens_cpu[:num_reqs] == 0).any()) else None"
+)
+V2_GUARD = (
+    "if count is not None and (\n"
+    "    any(r.num_computed_tokens == 0 for r in scheduler_output.scheduled_new_reqs)\n"
+    "    or 0 in scheduler_output.scheduled_cached_reqs.num_computed_tokens\n"
+    "):\n"
+    "    count = None\n"
+)
+
+
+def _route(text: str) -> list[tuple[str, Status]]:
+    return [(f.kind, f.status) for f in analyse_module(ast.parse(text), text, load())]
+
+
+@pytest.mark.parametrize(
+    ("force", "status"),
+    [
+        (V1_GUARD, Status.FIXED),
+        ("False if np.any(self.input_batch.num_computed_tokens_cpu[:num_reqs] <= 0) else None",
+         Status.FIXED),
+        # Mutants: the guard that never (or wrongly) fires is never "fixed".
+        (V1_GUARD.replace("== 0", "> 0"), Status.UNKNOWN),
+        (V1_GUARD.replace("== 0", "== 1"), Status.UNKNOWN),
+        (V1_GUARD.replace("False if", "True if"), Status.UNKNOWN),
+        (V1_GUARD.replace("else None", "else False"), Status.UNKNOWN),
+        (V1_GUARD.replace(".any()", ".all()"), Status.UNKNOWN),
+    ],
+)  # fmt: skip
+def test_v1_guard_verdicts(force: str, status: Status) -> None:
+    runner = textwrap.dedent(V1_RUNNER).replace(
+        "            num_reqs=num_reqs,\n",
+        f"            num_reqs=num_reqs,\n            force_uniform_decode={force},\n",
+    )
+    assert _route(runner) == [("runner_v1", status)]
+
+
+@pytest.mark.parametrize(
+    ("guard", "status"),
+    [
+        (V2_GUARD, Status.FIXED),
+        (V2_GUARD.replace("== 0 for", "== 1 for").replace("0 in", "1 in"), Status.UNKNOWN),
+        (V2_GUARD.replace("count is not None and (", "count is not None and False and ("),
+         Status.UNKNOWN),
+        (V2_GUARD.replace("    count = None", "    count = 1"), Status.UNKNOWN),
+        (V2_GUARD.replace("any(r.", "not any(r.").replace("    or 0 in", "    and 0 not in"),
+         Status.UNKNOWN),
+    ],
+)  # fmt: skip
+def test_v2_guard_verdicts(guard: str, status: Status) -> None:
+    runner = textwrap.dedent(V2_RUNNER).replace(
+        "        return count\n", textwrap.indent(guard, "        ") + "        return count\n"
+    )
+    assert _route(runner) == [("runner_v2", status)]
+
+
 # -- apply, prove, revert on a small tree -------------------------------------------------
 
 

@@ -400,14 +400,25 @@ def _v1_calls(qual: str, fn: ast.FunctionDef, cfg: Config) -> Iterator[Finding]:
                 "FULL decode route open",
                 guarded=False,
             )
-        elif cfg.v1_computed in _attrs(force):
+        elif "num_computed_tokens" in " ".join(_attrs(force)):
+            ok = (
+                isinstance(force, ast.IfExp)
+                and isinstance(force.body, ast.Constant)
+                and force.body.value is False
+                and isinstance(force.orelse, ast.Constant)
+                and force.orelse.value is None
+                and _any_without_computed(force.test)
+            )
             yield Finding(
                 "runner_v1",
                 qual,
                 call.lineno,
-                Status.FIXED,
-                "no FULL decode graph for a batch with a row that has no computed tokens",
-                guarded=True,
+                Status.FIXED if ok else Status.UNKNOWN,
+                "no FULL decode graph for a batch with a row that has no computed tokens"
+                if ok
+                else f"{cfg.v1_force}={ast.unparse(force)}: a guard the analysis cannot "
+                "vouch for (expected: False when any row has no computed tokens, else None)",
+                guarded=ok,
             )
         # Any other force_uniform_decode: capture and dummy runs, not a step.
 
@@ -427,9 +438,15 @@ def _v2_calls(qual: str, fn: ast.FunctionDef, cfg: Config) -> Iterator[Finding]:
             ):
                 continue
             target = stmt.targets[0].id
+            guards = [
+                later
+                for later in stmts[i + 1 :]
+                if isinstance(later, ast.If)
+                and "num_computed_tokens" in " ".join(_attrs(later.test))
+            ]
             guarded = any(
-                isinstance(later, ast.If)
-                and "num_computed_tokens" in _attrs(later.test)
+                _any_without_computed(later.test)
+                and not later.orelse
                 and any(
                     isinstance(a, ast.Assign)
                     and any(isinstance(t, ast.Name) and t.id == target for t in a.targets)
@@ -437,18 +454,74 @@ def _v2_calls(qual: str, fn: ast.FunctionDef, cfg: Config) -> Iterator[Finding]:
                     and a.value.value is None
                     for a in later.body
                 )
-                for later in stmts[i + 1 :]
+                for later in guards
             )
-            yield Finding(
-                "runner_v2",
-                qual,
-                stmt.lineno,
-                Status.FIXED if guarded else Status.AFFECTED,
-                "no FULL decode graph for a batch with a row that has no computed tokens"
-                if guarded
-                else "FULL decode route open",
-                guarded=guarded,
-            )
+            status = Status.FIXED if guarded else Status.UNKNOWN if guards else Status.AFFECTED
+            reason = {
+                Status.FIXED: "no FULL decode graph for a batch with a row that has no "
+                "computed tokens",
+                Status.UNKNOWN: f"a guard of {target} the analysis cannot vouch for "
+                "(expected: None when any request has no computed tokens)",
+                Status.AFFECTED: "FULL decode route open",
+            }[status]
+            yield Finding("runner_v2", qual, stmt.lineno, status, reason, guarded=guarded)
+
+
+def _zero_test(node: ast.AST) -> bool:
+    """A comparison that holds for a count of computed tokens of 0 and only
+    then: ``c == 0``, ``c <= 0``, ``c < 1`` (or mirrored), ``0 in counts``."""
+    if not isinstance(node, ast.Compare) or len(node.ops) != 1:
+        return False
+    left, op, right = node.left, node.ops[0], node.comparators[0]
+
+    def const(x: ast.expr, value: int) -> bool:
+        return isinstance(x, ast.Constant) and x.value == value and x.value is not False
+
+    if isinstance(op, ast.In):
+        return const(left, 0)
+    if const(right, 0):
+        return isinstance(op, ast.Eq | ast.LtE)
+    if const(right, 1):
+        return isinstance(op, ast.Lt)
+    if const(left, 0):
+        return isinstance(op, ast.Eq | ast.GtE)
+    if const(left, 1):
+        return isinstance(op, ast.Gt)
+    return False
+
+
+def _any_without_computed(test: ast.expr) -> bool:
+    """``test`` is true when some row has no computed tokens: an ``or``/``and``
+    whose part is ``(counts == 0).any()``, ``np.any(counts == 0)``,
+    ``any(r.num_computed_tokens == 0 for r in ...)`` or ``0 in counts``, with
+    no negation on the way."""
+    if isinstance(test, ast.BoolOp):
+        parts = [_any_without_computed(v) for v in test.values]
+        if isinstance(test.op, ast.Or):
+            return any(parts)  # more batches off the route: never less safe
+        # ``and``: besides the test, only ``count is not None`` may narrow it.
+        others = [v for v, ok in zip(test.values, parts, strict=True) if not ok]
+        return any(parts) and all(
+            isinstance(v, ast.Compare)
+            and isinstance(v.ops[0], ast.IsNot)
+            and isinstance(v.comparators[0], ast.Constant)
+            and v.comparators[0].value is None
+            for v in others
+        )
+    if isinstance(test, ast.Call) and _name(test.func) == "bool" and len(test.args) == 1:
+        return _any_without_computed(test.args[0])
+    if isinstance(test, ast.Compare):
+        return isinstance(test.ops[0], ast.In) and _zero_test(test)
+    if isinstance(test, ast.Call) and _name(test.func) == "any":
+        inner: list[ast.AST] = list(test.args)
+        if isinstance(test.func, ast.Attribute):
+            inner.append(test.func.value)
+        for arg in inner:
+            if isinstance(arg, ast.GeneratorExp):
+                arg = arg.elt
+            if _zero_test(arg) and "num_computed_tokens" in " ".join(_attrs(arg)):
+                return True
+    return False
 
 
 def analyse_module(tree: ast.Module, text: str, cfg: Config) -> list[Finding]:
