@@ -555,8 +555,12 @@ def _run_cells(args: argparse.Namespace, cells: Sequence[matrix.Cell]) -> int:
     options = matrix.RunOptions(device, tuple(args.scenario or ()), heads)
     env = matrix.environment(options)
     print(matrix.environment_line(env), file=sys.stderr)
-    print(f"{len(cells)} cell(s); scenarios: {', '.join(options.scenario_names())}",
-          file=sys.stderr)  # fmt: skip
+    names = [*options.scenario_names()]
+    if any(c.patchset != "pr51812" for c in cells):
+        from gdn_backport.harness.builder_suite import BUILDER_SCENARIOS
+
+        names += [f"{n} (pr51565)" for n in BUILDER_SCENARIOS]
+    print(f"{len(cells)} cell(s); scenarios: {', '.join(names)}", file=sys.stderr)
     t0 = time.perf_counter()
     results = matrix.run_cells(cells, options, matrix.ProgressLine(sys.stderr))
     seconds = time.perf_counter() - t0
