@@ -251,6 +251,30 @@ def test_builders_outside_the_family_and_family_without_split() -> None:
     assert _verdicts(manual) == [("builder", "B.build", Status.UNKNOWN)]
 
 
+def test_a_build_a_plugin_installs_on_the_class_is_judged_too() -> None:
+    """A hardware plugin replacing ``GDNAttentionMetadataBuilder.build`` by a
+    module function: judged like a method; one that classifies in its own
+    op (no split call) is unknown, never silent."""
+    own_op = (
+        "from functools import wraps\n"
+        "from vllm.attn import GDNAttentionMetadataBuilder\n"
+        "ORIGINAL = GDNAttentionMetadataBuilder.build\n"
+        "def _device_build(self, prefix, common):\n"
+        "    return my_ops.build_gdn_metadata(common)\n"
+        "def register():\n"
+        "    GDNAttentionMetadataBuilder.build = wraps(ORIGINAL)(_device_build)\n"
+    )
+    assert _verdicts(own_op) == [("builder", "_device_build", Status.UNKNOWN)]
+    length_only = own_op.replace(
+        "    return my_ops.build_gdn_metadata(common)\n",
+        "    a, b, c, d = split_decodes_and_prefills(common)\n    return a\n",
+    )
+    assert _verdicts(length_only) == [("builder", "_device_build", Status.AFFECTED)]
+    # Put on another class, naming no GDN field: not this patchset's.
+    other = own_op.replace("GDNAttentionMetadataBuilder.build =", "MambaBuilder.build =")
+    assert _verdicts(other) == []
+
+
 # -- runner routes --------------------------------------------------------------------
 
 
@@ -546,3 +570,24 @@ def test_both_patchsets_applied_pass_both_suites(tmp_path: Path) -> None:
     assert back.refused == [] and len(back.written) == 5
     for rel in [p for paths in written.values() for p in paths]:
         assert (root / rel).read_bytes() == (pristine / rel).read_bytes(), rel
+
+
+def test_a_plugin_tree_that_replaces_the_builder_is_refused_not_passed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plugin's folder (its modules import vllm) whose module installs its
+    own GDN build: scan says unknown (exit 2) and apply changes nothing."""
+    plugin = _write(tmp_path / "plug", {})
+    (plugin / "vllm" / "__init__.py").unlink()
+    (plugin / "vllm").rmdir()
+    (plugin / "myhw").mkdir()
+    (plugin / "myhw" / "gdn.py").write_text(
+        "from vllm.attn import GDNAttentionMetadataBuilder\n"
+        "def _device_build(self, prefix, common):\n"
+        "    return my_ops.build_gdn_metadata(common)\n"
+        "GDNAttentionMetadataBuilder.build = _device_build\n"
+    )
+    code, out, _ = run(capsys, "scan", str(plugin), "--patchset", "pr51565")
+    assert code == 2 and "_device_build" in out and "unknown" in out
+    code, _, err = run(capsys, "apply", str(plugin), "--patchset", "pr51565")
+    assert code == 2 and "gdn.py" in err and "_device_build" in err

@@ -343,9 +343,11 @@ def _judge_split(fn: ast.FunctionDef, call: ast.Call, cfg: Config) -> tuple[Stat
     )
 
 
-def _builder(qual: str, fn: ast.FunctionDef, cfg: Config) -> Finding | None:
+def _builder(qual: str, fn: ast.FunctionDef, cfg: Config, family: bool = False) -> Finding | None:
+    """``family``: known to be a GDN builder whatever fields it names (a
+    function put on ``GDN...MetadataBuilder`` as its ``build``)."""
     keywords = {k.arg for n in ast.walk(fn) if isinstance(n, ast.Call) for k in n.keywords}
-    if not (_attrs(fn) | keywords) & cfg.family:
+    if not family and not (_attrs(fn) | keywords) & cfg.family:
         return None
     calls = list(_calls(fn, cfg.split))
     if not calls:
@@ -524,17 +526,49 @@ def _any_without_computed(test: ast.expr) -> bool:
     return False
 
 
+def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef]]:
+    """Class methods (``Class.method``), then module functions (``name``)."""
+    yield from _methods(tree)
+    for fn in tree.body:
+        if isinstance(fn, ast.FunctionDef):
+            yield fn.name, fn
+
+
+def _installed_builds(tree: ast.Module) -> dict[str, str]:
+    """Module functions put on a class as its ``build`` (a plugin replacing
+    ``GDNAttentionMetadataBuilder.build``, wrapped or not), anywhere in the
+    module: function name -> the class expression it is put on."""
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            if isinstance(target, ast.Attribute) and target.attr == "build":
+                value: ast.expr = node.value
+                while isinstance(value, ast.Call):  # wraps(original)(fn), decorators
+                    value = value.args[-1] if value.args else value.func
+                if isinstance(value, ast.Name):
+                    names[value.id] = ast.unparse(target.value)
+    return names
+
+
 def analyse_module(tree: ast.Module, text: str, cfg: Config) -> list[Finding]:
     """The builders and runner routes of one module (runner verdicts are
     settled by :func:`settle`, which knows the tree's builders)."""
     out: list[Finding] = []
-    has_split = cfg.split in text
     v1 = cfg.v1_dispatch in text and any(fn.name == cfg.v1_uniform for _, fn in _methods(tree))
-    for qual, fn in _methods(tree):
-        if has_split and fn.name == "build":
-            found = _builder(qual, fn, cfg)
+    installed = _installed_builds(tree)
+    # A class's own ``build`` where the module classifies with the split
+    # function; any function a module installs as some class's ``build``.
+    has_split = cfg.split in text
+    for qual, fn in _functions(tree):
+        if (has_split and fn.name == "build" and "." in qual) or fn.name in installed:
+            on = installed.get(fn.name, "") if "." not in qual else ""
+            found = _builder(qual, fn, cfg, family="GDN" in on or "KDA" in on)
             if found is not None:
                 out.append(found)
+        if "." not in qual:
+            continue
         if v1:
             out.extend(_v1_calls(qual, fn, cfg))
         if cfg.v2_shape_only in text and "scheduler_output" in _params(fn):

@@ -37,14 +37,18 @@ from gdn_backport.scan import Site, relative, tree_root
 STRATEGY = "reclassify"
 
 
-def _markers(cfg: Config) -> tuple[bytes, ...]:
-    return (cfg.split.encode(), cfg.v1_dispatch.encode(), cfg.v2_shape_only.encode())
+def markers(cfg: Config) -> tuple[bytes, ...]:
+    """Text a module with a site holds: the split call, a runner route, or a
+    GDN-family field (a builder that classifies without the split call)."""
+    names = (cfg.split, cfg.v1_dispatch, cfg.v2_shape_only, *sorted(cfg.family))
+    # ``X.build = fn``: a plugin installing its own builder.
+    return (*(n.encode() for n in names), b".build =")
 
 
 def _texts(path: Path, cfg: Config, overrides: dict[Path, str]) -> dict[Path, str]:
     """The files below ``path`` that may hold a site, decoded."""
     out: dict[Path, str] = {}
-    marks = _markers(cfg)
+    marks = markers(cfg)
     for file in locate.walk(path).files:
         if file in overrides:
             out[file] = overrides[file]

@@ -96,9 +96,9 @@ class _SplitReport:
         from gdn_backport.prior_state.config import load
 
         self.cfg = load()
-        self.marks = tuple(
-            m.encode() for m in (self.cfg.split, self.cfg.v1_dispatch, self.cfg.v2_shape_only)
-        )
+        from gdn_backport.prior_state.engine import markers
+
+        self.marks = markers(self.cfg)
         self.seen: dict[str, list[Any]] = {}
         self.reported: set[tuple[str, str, str]] = set()
 
