@@ -380,13 +380,23 @@ def _print_outcome(
         print(f"tree: {out.tree}")
         print(vllm_version.line(version))
         chains = any(c.site.via for c in out.changes)
+        several = len({c.site.patchset for c in out.changes}) > 1
         rows: list[tuple[str, ...]] = [
-            (_where(c.site), c.site.function)
+            ((c.site.patchset,) if several else ())
+            + (_where(c.site), c.site.function)
             + ((c.site.chain or "-",) if chains else ())
             + (c.site.status.value, c.rewritten.status.value, "yes" if c.changed else "no")
             for c in out.changes
         ]
-        head = ["site", "function", *(["via"] if chains else []), "before", "after", "changed"]
+        head = [
+            *(["patchset"] if several else []),
+            "site",
+            "function",
+            *(["via"] if chains else []),
+            "before",
+            "after",
+            "changed",
+        ]
         if rows:
             print(table(head, rows))
         if out.diff:

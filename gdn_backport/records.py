@@ -81,7 +81,7 @@ def check_path(root: Path, rel: object, within: str | None = None) -> str:
     parts = rel.split("/")
     if (
         "\\" in rel
-        or "\0" in rel
+        or any(ord(c) < 32 or ord(c) == 127 for c in rel)  # NUL, newlines: no file of ours
         or PurePosixPath(rel).is_absolute()
         or any(p in ("", ".", "..") for p in parts)
     ):
