@@ -212,25 +212,35 @@ def _apply(
         out.changes.append(SiteChange(s, _match(after, s), False))
     if before_write is not None and staged and not out.refused and mode is not Mode.CHECK:
         before_write(out, [(file, new) for file, _, _, new in staged])
-    if out.refused:
-        # Fail closed: one file we cannot prove stops every write.
-        out.diff = ""
-        out.message = "refused: nothing was changed"
-    elif mode is Mode.CHECK and out.exit_code == 1:
-        affected = [c.site for c in out.changes if c.status is Status.AFFECTED]
-        where = ", ".join(f"{s.path}:{s.line} {s.function}" for s in affected)
-        out.message = f"check failed: {len(affected)} affected site(s): {where}"
-    elif not staged:
-        out.message = "nothing to do: no affected site"
-    elif mode is Mode.DRY_RUN:
-        out.message = "dry run: nothing was changed"
-    elif mode is Mode.WRITE:
+    if conclude(out, mode, bool(staged)):
         write_staged(root, staged, strategy, patchset.upstream, out, within)
         changed = {relative(file, root) for file in texts}
         for c in out.changes:
             c.changed = c.site.path in changed and c.rewritten.status is not c.site.status
     _leftovers(out, scanned.leftovers, mode)
     return out
+
+
+def conclude(out: Outcome, mode: Mode, staged: bool) -> bool:
+    """The run's message from what it found; True when it goes on to write
+    (every patchset's engine ends its run here)."""
+    if out.refused:
+        # Fail closed: one file we cannot prove stops every write.
+        out.diff = ""
+        out.message = "refused: nothing was changed"
+        return False
+    if mode is Mode.CHECK and out.exit_code == 1:
+        affected = [c.site for c in out.changes if c.status is Status.AFFECTED]
+        where = ", ".join(f"{s.path}:{s.line} {s.function}" for s in affected)
+        out.message = f"check failed: {len(affected)} affected site(s): {where}"
+        return False
+    if not staged:
+        out.message = "nothing to do: no affected site"
+        return False
+    if mode is Mode.DRY_RUN:
+        out.message = "dry run: nothing was changed"
+        return False
+    return mode is Mode.WRITE
 
 
 def _stage(

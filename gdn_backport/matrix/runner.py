@@ -265,6 +265,16 @@ def _materialise(tree: Tree, dest: Path) -> Path:
     return dest
 
 
+def _patched_copy(cell: Cell, root: Path, tmp: Path) -> Path:
+    """The private copy a cell patches (the release's, or the tree's)."""
+    work = tmp / "patched"
+    if cell.release is not None:
+        sources.copy_release(cell.release.version, work)
+    else:
+        shutil.copytree(root, work)
+    return work
+
+
 class CellRunner:
     """Runs cells in this process; the unpatched verify of a release is run
     once and shared by its cells (gather and kernel see the same tree)."""
@@ -401,11 +411,7 @@ class CellRunner:
 
         stage(f"patch ({cell.strategy})")
         t0 = time.perf_counter()
-        work = tmp / "patched"
-        if cell.release is not None:
-            sources.copy_release(cell.release.version, work)
-        else:
-            shutil.copytree(root, work)
+        work = _patched_copy(cell, root, tmp)
         out = apply_tree(work, cell.strategy, Mode.WRITE)
         res.written = tuple(out.written)
         refused = "; ".join(f"{p}: {r}" for p, r in out.refused)
@@ -489,11 +495,7 @@ class CellRunner:
         res.checks += self._verify_checks(cell, res.unpatched)
         stage(f"patch ({cell.strategy})")
         t0 = time.perf_counter()
-        work = tmp / "patched"
-        if cell.release is not None:
-            sources.copy_release(cell.release.version, work)
-        else:
-            shutil.copytree(root, work)
+        work = _patched_copy(cell, root, tmp)
         out = engine.apply_tree(work, cell.strategy, Mode.WRITE)
         res.written = tuple(out.written)
         refused = "; ".join(f"{p}: {r}" for p, r in out.refused)

@@ -23,6 +23,7 @@ from gdn_backport.engine import (
     Outcome,
     SiteChange,
     Staged,
+    conclude,
     unified_diff,
     write_staged,
 )
@@ -198,14 +199,16 @@ def _apply(
         outside = []
     todo = here
     if out.refused or not todo or mode is Mode.CHECK:
-        return _finish(out, mode, [])
+        conclude(out, mode, False)
+        return out
     if outside:
         why = (
             f"the fix also rewrites {', '.join(outside)}; apply it to the tree holding "
             "them (a builder fix needs the runner's guard)"
         )
         out.refused.append((_here(path, root), why))
-        return _finish(out, mode, [])
+        conclude(out, mode, False)
+        return out
     facts = tree_facts(scope, cfg)
     staged: list[Staged] = []
     texts: dict[Path, str] = {}
@@ -238,11 +241,11 @@ def _apply(
         _prove(scope, root, texts, out)
     if before_write is not None and staged and not out.refused:
         before_write(out, [(file, new) for file, _, _, new in staged])
-    if mode is Mode.WRITE and staged and not out.refused:
+    if conclude(out, mode, bool(staged)):
         write_staged(root, staged, STRATEGY, fix.upstream, out, within)
         for c in out.changes:
             c.changed = c.site.path in out.written and c.rewritten.status is not c.site.status
-    return _finish(out, mode, staged)
+    return out
 
 
 def _prove(scope: Path, root: Path, texts: dict[Path, str], out: Outcome) -> None:
@@ -270,20 +273,3 @@ def _prove(scope: Path, root: Path, texts: dict[Path, str], out: Outcome) -> Non
     for (rel, fn, _), f in by_key.items():
         if f.status in (Status.AFFECTED, Status.UNKNOWN):
             out.refused.append((rel, f"{fn}: after the rewrite still {f.status.value}: {f.reason}"))
-
-
-def _finish(out: Outcome, mode: Mode, staged: list[Staged]) -> Outcome:
-    if out.refused:
-        out.diff = ""
-        out.message = "refused: nothing was changed"
-    elif mode is Mode.CHECK and out.exit_code == 1:
-        affected = [c.site for c in out.changes if c.status is Status.AFFECTED]
-        where = ", ".join(f"{s.path}:{s.line} {s.function}" for s in affected)
-        out.message = f"check failed: {len(affected)} affected site(s): {where}"
-    elif not staged and mode is not Mode.CHECK:
-        out.message = "nothing to do: no affected site"
-    elif mode is Mode.CHECK:
-        out.message = "check passed: no affected site"
-    elif mode is Mode.DRY_RUN:
-        out.message = "dry run: nothing was changed"
-    return out
