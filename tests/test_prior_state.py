@@ -72,6 +72,9 @@ class FancyBuilder:
 
 V1_RUNNER = """
 class Runner:
+    def _reorder(self):
+        return self.input_batch.num_computed_tokens_cpu
+
     def _is_uniform_decode(self, max_len, uniform_len, num_tokens, num_reqs, force=None):
         return (max_len == uniform_len) if force is None else force
 
@@ -295,6 +298,7 @@ def test_runner_route_takes_its_verdict_from_the_builders() -> None:
         settled = settle(found + route)
         assert settled[-1].status is want, builder
     # A module without the shape-only test (a drafter's own dispatch): no route.
+    assert not [f for f in route if f.kind == "builder"]
     drafter = runner.replace("_is_uniform_decode", "_uniform")
     assert analyse_module(ast.parse(drafter), drafter, cfg) == []
     # V2: a step function (scheduler_output) only.
@@ -434,6 +438,15 @@ def test_the_runner_guards_close_the_route_exactly_for_new_rows(tmp_path: Path) 
     assert step([0], [4]) is None  # a new request: no uniform count
     assert step([], [0, 4]) is None  # a preempted one resumed from scratch
     assert step([3], [4]) == 1  # prefix-cached new request, decodes: unchanged
+
+
+def test_a_runner_without_the_field_the_guard_reads_is_refused(tmp_path: Path) -> None:
+    root = _tree(tmp_path)
+    runner = root / "vllm/worker/runner.py"
+    runner.write_text(runner.read_text().replace("num_computed_tokens_cpu", "computed_np"))
+    out = engine.apply_tree(root, mode=Mode.WRITE)
+    assert out.exit_code == 2 and not out.written
+    assert "never reads self.input_batch.num_computed_tokens_cpu" in out.refused[0][1]
 
 
 def test_refusals_change_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -82,7 +82,10 @@ def _fresh(base: str, used: set[str]) -> str:
 class _Rewriter(cst.CSTTransformer):
     """Rewrites the named methods; ``done`` says which finding was applied."""
 
-    def __init__(self, findings: Sequence[Finding], cfg: Config, facts: TreeFacts | None) -> None:
+    def __init__(
+        self, findings: Sequence[Finding], cfg: Config, facts: TreeFacts | None, source: str = ""
+    ) -> None:
+        self.source = source
         self.todo = {(f.function, f.kind): f for f in findings}
         self.cfg = cfg
         self.facts = facts
@@ -297,6 +300,12 @@ class _Rewriter(cst.CSTTransformer):
         ):
             return updated  # capture and dummy runs
         where = f"{f.function} (line {f.line})"
+        computed = f"self.input_batch.{self.cfg.v1_computed}"
+        if computed not in self.source:
+            raise Refusal(
+                f"{where}: the runner never reads {computed}; the guard would read a field "
+                "this tree may not have"
+            )
         reqs = next(
             (
                 a.value
@@ -342,7 +351,7 @@ def rewrite(text: str, findings: Sequence[Finding], cfg: Config, facts: TreeFact
     """``text`` with every finding of ``findings`` (its affected sites) fixed;
     Refusal where a site is not a shape this knows."""
     module = cst.parse_module(text)
-    rewriter = _Rewriter(findings, cfg, facts)
+    rewriter = _Rewriter(findings, cfg, facts, text)
     new = module.visit(rewriter)
     missed = sorted(set(rewriter.todo) - rewriter.done)
     if missed:
