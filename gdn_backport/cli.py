@@ -146,7 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(pr51565: reclassify)",
     )
     p.add_argument(
-        "--branch", metavar="NAME", help="with --commit: the branch (default gdn-backport/pr51812)"
+        "--branch",
+        metavar="NAME",
+        help="with --commit: the branch (default gdn-backport/ and the ids of the patchsets "
+        "that change something, joined by +: gdn-backport/pr51812+pr51565)",
     )
     p.add_argument(
         "--allow-dirty",
