@@ -101,16 +101,7 @@ def _methods(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef]]:
 
 def _assignments(fn: ast.FunctionDef, name: str) -> list[ast.expr]:
     """The values assigned to the local ``name`` (``x = v``, ``x op= v``)."""
-    out: list[ast.expr] = []
-    for n in ast.walk(fn):
-        if (
-            isinstance(n, ast.Assign)
-            and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
-        ) or (
-            isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name) and n.target.id == name
-        ):
-            out.append(n.value)
-    return out
+    return [value for _, value in _definitions(fn, name)]
 
 
 def _params(fn: ast.FunctionDef) -> list[str]:
@@ -159,16 +150,18 @@ def _field_read(node: ast.expr, fn: ast.FunctionDef, names: frozenset[str]) -> b
     return False
 
 
+def _is_int(x: ast.expr, value: int) -> bool:
+    """``x`` is the integer literal ``value`` (not ``False``/``True``)."""
+    return isinstance(x, ast.Constant) and type(x.value) is int and x.value == value
+
+
 def _compare_kind(node: ast.Compare, fn: ast.FunctionDef, cfg: Config) -> str:
     """``prior`` (selects rows without prior state), ``other`` (compares no
     prior-state field, e.g. ``query_lens > 0``) or ``wrong``."""
     if len(node.ops) != 1:
         return "wrong" if _attrs(node) & cfg.prior_state else "other"
     left, op, right = node.left, node.ops[0], node.comparators[0]
-
-    def const(x: ast.expr, value: int) -> bool:
-        return isinstance(x, ast.Constant) and x.value == value
-
+    const = _is_int
     if _field_read(left, fn, cfg.seq_lens):
         return "prior" if isinstance(op, ast.LtE | ast.Eq) else "wrong"
     if _field_read(right, fn, cfg.seq_lens):
@@ -475,10 +468,7 @@ def _zero_test(node: ast.AST) -> bool:
     if not isinstance(node, ast.Compare) or len(node.ops) != 1:
         return False
     left, op, right = node.left, node.ops[0], node.comparators[0]
-
-    def const(x: ast.expr, value: int) -> bool:
-        return isinstance(x, ast.Constant) and x.value == value and x.value is not False
-
+    const = _is_int
     if isinstance(op, ast.In):
         return const(left, 0)
     if const(right, 0):

@@ -133,9 +133,9 @@ class _Rewriter(cst.CSTTransformer):
         body: list[cst.BaseStatement] = []
         for i, stmt in enumerate(updated.body):
             others = [s for j, s in enumerate(updated.body) if j != i]
-            if builder is not None and self._is_split(stmt):
+            if builder is not None and self._assigns_call(stmt, self.cfg.split):
                 body.extend(self._builder(stmt, others, builder))
-            elif v2 is not None and self._is_v2(stmt):
+            elif v2 is not None and self._assigns_call(stmt, self.cfg.v2_shape_only):
                 body.extend(self._v2(stmt, v2))
             else:
                 body.append(stmt)
@@ -150,21 +150,9 @@ class _Rewriter(cst.CSTTransformer):
             return stmt.body[0]
         return None
 
-    def _is_split(self, stmt: cst.BaseStatement) -> bool:
+    def _assigns_call(self, stmt: cst.BaseStatement, name: str) -> bool:
         a = self._assign(stmt)
-        return (
-            a is not None
-            and isinstance(a.value, cst.Call)
-            and _call_name(a.value.func) == self.cfg.split
-        )
-
-    def _is_v2(self, stmt: cst.BaseStatement) -> bool:
-        a = self._assign(stmt)
-        return (
-            a is not None
-            and isinstance(a.value, cst.Call)
-            and _call_name(a.value.func) == self.cfg.v2_shape_only
-        )
+        return a is not None and isinstance(a.value, cst.Call) and _call_name(a.value.func) == name
 
     def _builder(
         self, stmt: cst.BaseStatement, others: list[cst.BaseStatement], f: Finding
