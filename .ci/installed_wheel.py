@@ -34,7 +34,8 @@ for package, want in (("gdn_backport._patchsets", "pr51812.toml"),
     if not resources.files(package).joinpath(want).is_file():
         fail(f"package data {package}/{want} is missing")
 
-from gdn_backport import fixes, matrix, patchset  # noqa: E402
+from gdn_backport import matrix
+from gdn_backport.patchsets.pr51812 import config as patchset
 
 ps = patchset.load("pr51812")
 if not ps.strategies:

@@ -21,9 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gdn_backport import sources
-from gdn_backport.engine import Mode, apply_tree, revert_tree
+from gdn_backport.patchsets.pr51812.plan import apply_tree
+from gdn_backport.patchsets.pr51812.scan import scan_tree
+from gdn_backport.pipeline import Mode, revert_tree
 from gdn_backport.report import table
-from gdn_backport.scan import scan_tree
 
 
 def timed(

@@ -21,11 +21,12 @@ import time
 from pathlib import Path
 
 from gdn_backport import matrix, sources
-from gdn_backport.analysis import Status
-from gdn_backport.engine import Mode, apply_tree
-from gdn_backport.harness.scenarios import SCENARIOS
-from gdn_backport.patchset import load as load_patchset
+from gdn_backport.patchsets.pr51812.config import load as load_patchset
+from gdn_backport.patchsets.pr51812.plan import apply_tree
+from gdn_backport.patchsets.pr51812.scenarios import SCENARIOS
+from gdn_backport.pipeline import Mode
 from gdn_backport.report import table
+from gdn_backport.site import Status
 from gdn_backport.verify import verify_tree
 
 EXPECT = {s.name: s.expect_unpatched for s in SCENARIOS}

@@ -15,26 +15,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gdn_backport import __version__, fixes, installed, sources, vllm_version
-from gdn_backport.apply_all import apply_fixes, merged
-from gdn_backport.engine import Mode, Outcome, revert_tree
+from gdn_backport import __version__, registry
 from gdn_backport.errors import UsageError
-from gdn_backport.patchset import for_tree
-from gdn_backport.report import table
-from gdn_backport.scan import Site, check_vllm_tree, relative, scan_tree_full, tree_root
 
 if TYPE_CHECKING:
-    from gdn_backport import matrix
+    from gdn_backport import matrix, vllm_version
+    from gdn_backport.pipeline import Mode, Outcome
+    from gdn_backport.site import Site
 
 
 DESCRIPTION = """\
 Find, prove and backport fixes of the Gated DeltaNet family in any vLLM tree
 (a checkout or fork, an unpacked sdist, the vllm package itself, or the vllm
-this Python imports): vLLM PR #51812 (patchset pr51812: the spec kernel read
-other tokens' gate rows in mixed batches) and PR #51565 (patchset pr51565: a
-new request's one-token first chunk read a recycled state slot as a decode).
-Sites are found by analysing the code, never by version number; nothing of
-the target is executed."""
+this Python imports). Sites are found by analysing the code, never by
+version number; nothing of the target is executed. The fixes (patchsets):"""
+
+
+def _description() -> str:
+    lines = [DESCRIPTION]
+    for p in registry.discover():
+        lines.append(f"  {p.info.id}: vLLM PR #{p.info.number}: {p.info.summary}")
+    return "\n".join(lines)
+
 
 EPILOG = """\
 commands:
@@ -52,7 +54,7 @@ commands:
   doctor                     which GDN code this Python's vLLM runs, and its status
 
 --patchset NAME (repeatable; scan, apply, revert, verify): only these
-patchsets (default all: pr51812, pr51565).
+patchsets (default all of them).
 
 PATH: a folder holding vllm/ (or one folder down), the vllm package itself,
 a plugin importing vllm, or one file. Instead of PATH: --installed (the vllm
@@ -109,14 +111,14 @@ def _patchsets(p: argparse.ArgumentParser) -> None:
         "--patchset",
         action="append",
         metavar="NAME",
-        help=f"only this patchset (repeatable; default all: {', '.join(fixes.available())})",
+        help=f"only this patchset (repeatable; default all: {', '.join(registry.available())})",
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gdn-backport",
-        description=DESCRIPTION,
+        description=_description(),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -142,14 +144,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--strategy",
-        help="pr51812: gather (default) or kernel; each other patchset uses its own "
-        "(pr51565: reclassify)",
+        help="a patchset's strategy; the patchsets that do not have it use their own "
+        "default ("
+        + "; ".join(f"{p.info.id}: {', '.join(p.info.strategies)}" for p in registry.discover())
+        + ")",
     )
     p.add_argument(
         "--branch",
         metavar="NAME",
         help="with --commit: the branch (default gdn-backport/ and the ids of the patchsets "
-        "that change something, joined by +: gdn-backport/pr51812+pr51565)",
+        "that change something, joined by +)",
     )
     p.add_argument(
         "--allow-dirty",
@@ -271,6 +275,9 @@ def _resolve(args: argparse.Namespace, write: bool, create: bool = True) -> Path
     """The tree a command works on. ``write``: it will be written (a PATH in
     the release cache is refused; ``--release`` means the --workdir copy);
     ``create``: make that copy if missing (else None when there is none)."""
+    from gdn_backport import installed, sources
+    from gdn_backport.tree import check_vllm_tree
+
     if getattr(args, "workdir", None) is not None and args.release is None:
         raise UsageError(f"{args.command}: --workdir goes with --release")
     if args.path is not None:
@@ -303,6 +310,9 @@ def _where(site: Site) -> str:
 
 
 def _print_sites(root: Path, sites: Sequence[Site], several: bool = False) -> None:
+    from gdn_backport import vllm_version
+    from gdn_backport.report import table
+
     print(f"tree: {root}")
     print(vllm_version.line(vllm_version.detect(root)))
     if not sites:
@@ -327,33 +337,34 @@ def _print_sites(root: Path, sites: Sequence[Site], several: bool = False) -> No
     print(table(head, rows))
 
 
+def _scan_target(args: argparse.Namespace) -> tuple[Path, Path]:
+    """(path, root) of what ``scan``/``verify`` read."""
+    from gdn_backport import installed
+    from gdn_backport.tree import tree_root
+
+    if args.installed:
+        inst = installed.locate_vllm()
+        return inst.package, inst.root
+    path = _tree(args, write=False)
+    return path, tree_root(path)
+
+
 def _cmd_scan(args: argparse.Namespace) -> int:
-    chosen = fixes.selected(args.patchset)
+    from gdn_backport import pipeline, vllm_version
+    from gdn_backport.tree import Tree
+
+    chosen = registry.selected(args.patchset)
+    path, root = _scan_target(args)
+    tree = Tree.of(path, root, args.kernels)
     sites: list[Site] = []
-    left: list[str] = []
-    for fix in chosen:
-        if fix.id == "pr51812":
-            if args.installed:
-                result = installed.scan_full(installed.locate_vllm(), args.kernels)
-            else:
-                path = _tree(args, write=False)
-                result = scan_tree_full(path, for_tree(tree_root(path), args.kernels))
-            root = result.root
-            sites += result.sites
-            left = [relative(p, root) for p in result.leftovers]
-        else:
-            if args.installed:
-                inst = installed.locate_vllm()
-                path, root = inst.package, inst.root
-            else:
-                path = _tree(args, write=False)
-                root = tree_root(path)
-            sites += fix.engine.scan_sites(path, root, args.kernels)
+    for ps in chosen:
+        sites += ps.scan(tree)
+    left = [tree.relative(p) for p in pipeline.leftovers_of(tree)]
     if args.json:
         version = vllm_version.to_json(vllm_version.detect(root))
         doc = {
             "tree": str(root),
-            "patchsets": [f.id for f in chosen],
+            "patchsets": [p.info.id for p in chosen],
             "sites": [s.to_json() for s in sites],
             "vllm_version": version,
             "leftovers": left,
@@ -375,6 +386,9 @@ def _print_outcome(
 ) -> int:
     """``extra``: more JSON fields; ``notes``: more human lines after the
     message; ``version``: the tree's vLLM version, if known before the run."""
+    from gdn_backport import vllm_version
+    from gdn_backport.report import table
+
     version = version or vllm_version.detect(out.tree)
     if as_json:
         doc = {**out.to_json(), "vllm_version": vllm_version.to_json(version), **(extra or {})}
@@ -430,12 +444,16 @@ def _leftovers_warning(root: Path, left: Sequence[str]) -> str:
 
 
 def _cmd_apply(args: argparse.Namespace) -> int:
+    from gdn_backport import installed, pipeline
+    from gdn_backport.pipeline import Mode
+    from gdn_backport.tree import tree_root
+
     mode = Mode.CHECK if args.check else Mode.DRY_RUN if args.dry_run else Mode.WRITE
     if args.commit or args.format_patch:
         return _apply_git(args, mode)
     if args.branch or args.allow_dirty:
         raise UsageError("apply: --branch and --allow-dirty go with --commit")
-    chosen = fixes.selected(args.patchset)
+    chosen = registry.selected(args.patchset)
     if args.strategy is not None:
         _check_strategy(args.strategy, chosen)
     if args.installed:
@@ -445,22 +463,24 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         _warn(installed.caches_warning(out.tree, caches))
     else:
         path = _tree(args, write=mode is Mode.WRITE)
-        results = apply_fixes(path, chosen, args.strategy, mode, kernels=args.kernels)
-        code = _print_outcome(merged(results, tree_root(path)), args.json)
+        results = pipeline.apply(path, chosen, args.strategy, mode, kernels=args.kernels)
+        code = _print_outcome(pipeline.merged(results, tree_root(path)), args.json)
     # --dry-run previews: affected sites remaining is expected, not a failure.
     return 0 if mode is Mode.DRY_RUN and code == 1 else code
 
 
-def _check_strategy(strategy: str, chosen: Sequence[fixes.Fix]) -> None:
+def _check_strategy(strategy: str, chosen: Sequence[registry.Patchset]) -> None:
     """A strategy no chosen patchset has is a usage error (one that some
     have, e.g. ``kernel``, applies to those; the others use their own)."""
-    if not any(strategy in f.strategies for f in chosen):
-        known = sorted({s for f in chosen for s in f.strategies})
+    if not any(strategy in p.info.strategies for p in chosen):
+        known = sorted({s for p in chosen for s in p.info.strategies})
         raise UsageError(f"apply: --strategy {strategy}: unknown (choose from {', '.join(known)})")
 
 
 def _apply_git(args: argparse.Namespace, mode: Mode) -> int:
-    from gdn_backport import gitflow
+    from gdn_backport import gitflow, sources
+    from gdn_backport.pipeline import Mode
+    from gdn_backport.tree import check_vllm_tree
 
     if mode is not Mode.WRITE:
         other = "--check" if args.check else "--dry-run"
@@ -479,7 +499,7 @@ def _apply_git(args: argparse.Namespace, mode: Mode) -> int:
         allow_dirty=args.allow_dirty,
         patch=args.format_patch,
         kernels=args.kernels,
-        fixes=fixes.selected(args.patchset),
+        fixes=registry.selected(args.patchset),
     )
     # The version as it was before the commit (after it, git describe says 0.25.1-1-g...).
     code = _print_outcome(
@@ -495,9 +515,14 @@ def _warn(line: str) -> None:
 
 
 def _cmd_revert(args: argparse.Namespace) -> int:
+    from gdn_backport import installed
+    from gdn_backport.pipeline import Mode, Outcome, revert_tree
+
     mode = Mode.DRY_RUN if args.dry_run else Mode.WRITE
     upstreams = (
-        frozenset(f.upstream for f in fixes.selected(args.patchset)) if args.patchset else None
+        frozenset(p.info.upstream for p in registry.selected(args.patchset))
+        if args.patchset
+        else None
     )
     if args.installed:
         out, caches = installed.revert(installed.locate_vllm(), mode, upstreams)
@@ -517,7 +542,8 @@ def _cmd_revert(args: argparse.Namespace) -> int:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    from gdn_backport import matrix
+    from gdn_backport import matrix, sources
+    from gdn_backport.report import table
 
     versions = list(args.versions)
     if args.matrix:
@@ -568,11 +594,7 @@ def _run_cells(args: argparse.Namespace, cells: Sequence[matrix.Cell]) -> int:
     options = matrix.RunOptions(device, tuple(args.scenario or ()), heads)
     env = matrix.environment(options)
     print(matrix.environment_line(env), file=sys.stderr)
-    names = [*options.scenario_names()]
-    if any(c.patchset != "pr51812" for c in cells):
-        from gdn_backport.harness.builder_suite import BUILDER_SCENARIOS
-
-        names += [f"{n} (pr51565)" for n in BUILDER_SCENARIOS]
+    names = options.scenario_names({c.patchset for c in cells})
     print(f"{len(cells)} cell(s); scenarios: {', '.join(names)}", file=sys.stderr)
     t0 = time.perf_counter()
     results = matrix.run_cells(cells, options, matrix.ProgressLine(sys.stderr))
@@ -597,9 +619,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(f"--heads {args.heads}: expected H,HV,D (three integers)") from exc
         heads = (h, hv, dim)
-    chosen = [f.id for f in fixes.selected(args.patchset)] if args.patchset else None
+    chosen = [p.info.id for p in registry.selected(args.patchset)] if args.patchset else None
     report = verify_tree(
-        _tree(args, write=False),
+        _scan_target(args)[0],
         device=args.device,
         scenarios=args.scenario,
         heads=heads,

@@ -22,10 +22,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gdn_backport.analysis import Status
+from gdn_backport import registry
 from gdn_backport.errors import UsageError
 from gdn_backport.records import Records, sha256
-from gdn_backport.scan import Site, scan_tree
+from gdn_backport.site import Status
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Row:
     runtime_patch: bool  # our plugin's function is the one in effect
     on_disk: str  # what apply's records say about the file
     in_effect: bool = True  # False: the module cannot be imported here
-    patchset: str = "pr51812"
+    patchset: str = ""
 
 
 @dataclass
@@ -51,37 +51,35 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        live = [r for r in self.rows if r.in_effect]
-        if self.error or any(r.status == Status.UNKNOWN.value for r in live):
+        # A method whose module cannot be imported here still counts: the
+        # server that imports it runs it.
+        if self.error or any(r.status == Status.UNKNOWN.value for r in self.rows):
             return 2
-        return 1 if any(r.status == Status.AFFECTED.value for r in live) else 0
+        return 1 if any(r.status == Status.AFFECTED.value for r in self.rows) else 0
 
     @property
     def verdict(self) -> str:
         if self.error:
             return f"cannot tell: {self.error}"
-        live = [r for r in self.rows if r.in_effect]
-        bad = [r.method for r in live if r.status == Status.AFFECTED.value]
+        bad = [r for r in self.rows if r.status == Status.AFFECTED.value]
         if bad:
-            split = [r.method for r in live if r.status == Status.AFFECTED.value
-                     and r.patchset == SPLIT]  # fmt: skip
-            layer = [m for m in bad if m not in split]
             parts = []
-            if layer:
-                parts.append(
-                    f"{', '.join(layer)} in effect has the vLLM #51812 bug (fix: gdn-backport "
-                    "apply, or the runtime plugin: VLLM_PLUGINS=gdn_backport)"
+            for ps in registry.discover():
+                mine = [r for r in bad if r.patchset == ps.info.id]
+                if not mine:
+                    continue
+                names = ", ".join(
+                    r.method + ("" if r.in_effect else " (on disk; not importable here)")
+                    for r in mine
                 )
-            if split:
                 parts.append(
-                    f"{', '.join(split)} has the vLLM #51565 bug (fix: gdn-backport apply "
-                    "--installed --patchset pr51565; the runtime plugin does not patch it)"
+                    f"{names} has the vLLM #{ps.info.number} bug (fix: {ps.doctor_hint()})"
                 )
             return "AFFECTED: " + "; ".join(parts)
-        unknown = [r.method for r in live if r.status == Status.UNKNOWN.value]
+        unknown = [r.method for r in self.rows if r.status == Status.UNKNOWN.value]
         if unknown:
             return f"UNKNOWN: {', '.join(unknown)} cannot be analysed; check it by hand"
-        ours = [r.method for r in live if r.runtime_patch]
+        ours = [r.method for r in self.rows if r.runtime_patch]
         if ours:
             return f"ok: fixed in memory by the gdn-backport plugin ({', '.join(ours)})"
         return "ok: no affected GDN method is in effect"
@@ -116,7 +114,7 @@ class Report:
         return json.dumps(doc, indent=2)
 
 
-def _on_disk(root: Path, rel: str) -> str:
+def on_disk(root: Path, rel: str) -> str:
     """What ``apply``'s records (``<root>/.gdn-backport``) say about ``rel``."""
     try:
         records = Records(root)
@@ -149,12 +147,10 @@ def _load_plugins() -> str:
 
 
 def _our_plugin() -> str:
-    from gdn_backport.runtime import hook, plugin
+    from gdn_backport.runtime import plugin
 
-    if not hook.watching(plugin.WATCH):
+    if not plugin.loaded():
         return "; gdn-backport plugin not loaded (not installed here, or left out of VLLM_PLUGINS)"
-    # What the first layer construction does in a server: check again.
-    plugin.settle()
     return "; gdn-backport plugin loaded"
 
 
@@ -176,76 +172,7 @@ def diagnose(load_plugins: bool = True) -> Report:
     if load_plugins:
         report.plugins = _load_plugins()
 
-    from gdn_backport.patchset import load
-    from gdn_backport.runtime import live
-
-    patchset = load()
-    _, sites = scan_tree(package, patchset)
-    by_module: dict[str, list[Site]] = {}
-    for s in sites:
-        name = "vllm." + s.path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
-        by_module.setdefault(name, []).append(s)
-    modules = []
-    for name, found in by_module.items():
-        try:
-            modules.append(importlib.import_module(name))
-        except Exception as exc:
-            why = f"not importable here ({type(exc).__name__}: {exc})"[:120]
-            for s in found:
-                rel = f"vllm/{s.path}"
-                report.rows.append(
-                    Row(
-                        s.function,
-                        name,
-                        rel,
-                        why,
-                        s.status.value,
-                        s.reason,
-                        False,
-                        _on_disk(root, rel),
-                        in_effect=False,
-                    )
-                )
-    # Plugins' own GDN modules (vllm_ascend, ...) that loading them imported.
-    modules += [m for m in live.gdn_modules(patchset) if m.__name__ not in by_module]
     report.plugins += _our_plugin()
-    for module in modules:
-        for method in live.live_methods(module, patchset):
-            report.rows.append(
-                Row(
-                    method.qualname,
-                    method.module,
-                    method.path,
-                    method.where.removeprefix(f"{root}/"),
-                    method.status.value,
-                    method.reason,
-                    method.ours is not None,
-                    _on_disk(root, method.path),
-                )
-            )
-    report.rows += _split_rows(package, root)
+    for ps in registry.discover():
+        report.rows += ps.doctor_rows(package, root)
     return report
-
-
-SPLIT = "pr51565"
-
-
-def _split_rows(package: Path, root: Path) -> list[Row]:
-    """pr51565's builders and runner routes, as the files on disk have them
-    (no runtime patch exists for them: the file is what runs)."""
-    from gdn_backport.prior_state import engine
-
-    return [
-        Row(
-            s.function,
-            "vllm." + s.path.removesuffix(".py").replace("/", "."),
-            f"vllm/{s.path}",
-            f"vllm/{s.path}:{s.line} (the file on disk)",
-            s.status.value,
-            s.reason,
-            False,
-            _on_disk(root, f"vllm/{s.path}"),
-            patchset=SPLIT,
-        )
-        for s in engine.scan_sites(package)
-    ]

@@ -26,13 +26,11 @@ from pathlib import Path
 
 import git
 
-from gdn_backport import __version__, atomic
-from gdn_backport.apply_all import apply_fixes, merged
-from gdn_backport.engine import BeforeWrite, Mode, Outcome, revert_tree
+from gdn_backport import __version__, atomic, pipeline, registry
 from gdn_backport.errors import UsageError
-from gdn_backport.fixes import Fix, load_fix
-from gdn_backport.patchset import load
-from gdn_backport.scan import relative, tree_root
+from gdn_backport.pipeline import Mode, Outcome, revert_tree
+from gdn_backport.registry import Patchset
+from gdn_backport.tree import relative, tree_root
 from gdn_backport.vllm_version import VllmVersion, detect
 
 __all__ = ["GitResult", "apply_git", "commit_message", "default_branch"]
@@ -74,9 +72,9 @@ class GitResult:
         return out
 
 
-def default_branch(chosen: Sequence[Fix] | None = None) -> str:
-    """``gdn-backport/pr51812``, or for several patchsets their ids joined."""
-    ids = [f.id for f in chosen] if chosen else [load().id]
+def default_branch(chosen: Sequence[Patchset] | None = None) -> str:
+    """``gdn-backport/<id>``, or for several patchsets their ids joined by ``+``."""
+    ids = [p.info.id for p in chosen] if chosen else [registry.discover()[0].info.id]
     return "gdn-backport/" + "+".join(ids)
 
 
@@ -89,16 +87,16 @@ def apply_git(
     allow_dirty: bool = False,
     patch: Path | None = None,
     kernels: Sequence[Path] = (),
-    fixes: Sequence[Fix] | None = None,
+    fixes: Sequence[Patchset] | None = None,
 ) -> GitResult:
     """Patch ``tree`` and commit the result on a new branch, one commit per
-    patchset (each with its own ``Backport-Of`` trailer), and/or write the
-    patch series of those commits to ``patch``. UsageError (nothing changed)
-    on any precondition; no branch, commit or patch when nothing needs
-    fixing."""
+    patchset that changes something (each with its own ``Backport-Of``
+    trailer), and/or write the patch series of those commits to ``patch``.
+    UsageError (nothing changed, no git object made) on any precondition; no
+    branch, commit or patch when nothing needs fixing."""
     if not commit and patch is None:
         raise UsageError("apply: --commit or --format-patch FILE is needed here")
-    chosen = list(fixes) if fixes is not None else [load_fix(load().id)]
+    chosen = list(fixes) if fixes is not None else list(registry.discover())
     root = tree_root(tree)
     # --commit writes: the whole run (the dirty check, the write, the branch)
     # holds the tree's lock; --format-patch alone writes nothing in the tree.
@@ -107,43 +105,43 @@ def apply_git(
     )
     with lock, _open(root) as (repo, top):
         result = GitResult(Outcome(root), top)
-        if len(chosen) > 1:
-            # The patchsets with something to commit name the default branch.
-            plans = apply_fixes(tree, chosen, strategy, Mode.DRY_RUN, kernels=kernels)
-            if any(out.refused for _, out in plans):
-                result.outcome = merged(plans, root)
-                return result
-            chosen = [fix for fix, out in plans if out.diff] or chosen[:1]
-        branch = branch or default_branch(chosen)
-        _check_repo(repo, top, branch if commit else None, allow_dirty or not commit)
-        if patch is not None:
-            _check_patch_file(patch)
         version = result.vllm_version = detect(root)
         commits: list[str] = []
+        named: list[str] = []
 
-        def before_write(fix: Fix) -> BeforeWrite:
-            def prepare(out: Outcome, staged: list[tuple[Path, bytes]]) -> None:
+        def before_write(writing: list[tuple[Patchset, Outcome, list[tuple[Path, bytes]]]]) -> None:
+            # Every precondition first, then the objects: a refusal leaves
+            # no object in the repository.
+            name = branch or default_branch([ps for ps, _, _ in writing])
+            _check_repo(repo, top, name if commit else None, allow_dirty or not commit)
+            if patch is not None:
+                _check_patch_file(patch)
+            per_patchset = []
+            seen: set[str] = set()
+            for ps, out, staged in writing:
                 files = {_repo_path(top, f): data for f, data in staged}
-                overlap = sorted(set(files) & set(result.paths))
+                overlap = sorted(set(files) & seen)
                 if overlap:
                     raise UsageError(
                         f"{top / overlap[0]}: two patchsets rewrite this file; commit them "
                         "one at a time (--patchset)"
                     )
-                _check_targets(repo, top, list(files))
+                seen |= set(files)
                 names = {relative(f, root): _repo_path(top, f) for f, _ in staged}
-                message = commit_message(out, fix.strategy(strategy), version, names, fix)
+                per_patchset.append((ps, out, files, names))
+            _check_targets(repo, top, sorted(seen))
+            for ps, out, files, names in per_patchset:
+                message = commit_message(out, ps.strategy(strategy), version, names, ps)
                 parent = commits[-1] if commits else None
                 commits.append(_commit_object(repo, files, message, parent))
-                result.paths = sorted({*result.paths, *files})
-
-            return prepare
+            result.paths = sorted(seen)
+            named.append(name)
 
         mode = Mode.WRITE if commit else Mode.DRY_RUN
-        results = apply_fixes(
+        results = pipeline.apply(
             tree, chosen, strategy, mode, before_write=before_write, kernels=kernels
         )
-        out = result.outcome = merged(results, root)
+        out = result.outcome = pipeline.merged(results, root)
         if out.refused or not commits:
             if not out.refused:
                 out.message += "; no commit made"
@@ -152,10 +150,11 @@ def apply_git(
         result.commits = list(commits)
         if commit:
             result.previous = _head_name(repo)
-            _switch(repo, branch, result.commit, result.paths, root, out.written)
-            result.branch = branch
-            out.message = f"patched and committed {len(out.written)} file(s) on branch {branch}" + (
-                f" in {len(commits)} commits" if len(commits) > 1 else ""
+            _switch(repo, named[0], result.commit, result.paths, root, out.written)
+            result.branch = named[0]
+            out.message = (
+                f"patched and committed {len(out.written)} file(s) on branch {named[0]}"
+                + (f" in {len(commits)} commits" if len(commits) > 1 else "")
             )
         else:
             out.message = "patch written; the tree and its branches were not changed"
@@ -170,19 +169,20 @@ def commit_message(
     strategy: str,
     version: VllmVersion | None,
     names: dict[str, str],
-    fix: Fix | None = None,
+    fix: Patchset | None = None,
 ) -> str:
     """Subject naming the PR; body: strategy, tool, vLLM version, files and
     sites with their before -> after status; the ``Backport-Of`` trailer last.
     ``names``: each patched file's tree-relative path -> its repo path;
-    ``fix``: the patchset (default pr51812)."""
-    fix = fix or load_fix(load().id)
+    ``fix``: the patchset (default: the first)."""
+    fix = fix or registry.discover()[0]
+    info = fix.info
     vllm = "unknown" if version is None else f"{version.version} (from {version.source})"
     body = [
-        f"Backport vLLM PR #{fix.number}: {fix.summary}",
+        f"Backport vLLM PR #{info.number}: {info.summary}",
         "",
-        f"Upstream: {fix.upstream}",
-        f"  {fix.title}",
+        f"Upstream: {info.upstream}",
+        f"  {info.title}",
         f"Strategy: {fix.describe(strategy)}",
         f"Tool: gdn-backport {__version__}",
         f"vLLM version: {vllm}",
@@ -194,9 +194,9 @@ def commit_message(
         body += [
             f"    {c.site.function}: {c.site.status.value} -> {c.rewritten.status.value}"
             for c in out.changes
-            if c.site.path == rel and c.site.patchset == fix.id
+            if c.site.path == rel and c.site.patchset == info.id
         ]
-    body += ["", fix.trailer]
+    body += ["", info.trailer]
     return "\n".join(body) + "\n"
 
 

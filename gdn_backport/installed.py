@@ -30,13 +30,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gdn_backport import atomic, fixes
-from gdn_backport.apply_all import apply_fixes, merged
-from gdn_backport.engine import BeforeWrite, Mode, Outcome, revert_tree
+from gdn_backport import atomic, pipeline, registry
 from gdn_backport.errors import UsageError
-from gdn_backport.fixes import Fix
-from gdn_backport.patchset import for_tree
-from gdn_backport.scan import Site, TreeScan, relative, scan_tree_full
+from gdn_backport.pipeline import Mode, Outcome, revert_tree
+from gdn_backport.registry import Patchset
+from gdn_backport.tree import relative
 
 __all__ = [
     "InstalledVllm",
@@ -46,8 +44,6 @@ __all__ = [
     "check_writable",
     "locate_vllm",
     "revert",
-    "scan",
-    "scan_full",
 ]
 
 
@@ -79,35 +75,22 @@ def locate_vllm() -> InstalledVllm:
     return InstalledVllm(Path(locations[0]).resolve())
 
 
-def scan(inst: InstalledVllm, kernels: Sequence[Path] = ()) -> tuple[Path, list[Site]]:
-    result = scan_full(inst, kernels)
-    return result.root, result.sites
-
-
-def scan_full(inst: InstalledVllm, kernels: Sequence[Path] = ()) -> TreeScan:
-    patchset = for_tree(inst.package, kernels)
-    return scan_tree_full(inst.package, patchset, root=inst.root)
-
-
 def apply(
     inst: InstalledVllm,
     strategy: str | None,
     mode: Mode,
     kernels: Sequence[Path] = (),
-    chosen: Sequence[Fix] | None = None,
+    chosen: Sequence[Patchset] | None = None,
 ) -> tuple[Outcome, list[tuple[Path, str]]]:
     """The patchsets' runs on ``vllm/`` (default all); the bytecode caches
     they removed."""
 
-    def before_write(fix: Fix) -> BeforeWrite:
-        def check(out: Outcome, staged: list[tuple[Path, bytes]]) -> None:
-            check_writable(inst.root, [file for file, _ in staged])
+    def before_write(writing: list[tuple[Patchset, Outcome, list[tuple[Path, bytes]]]]) -> None:
+        check_writable(inst.root, [file for _, _, staged in writing for file, _ in staged])
 
-        return check
-
-    results = apply_fixes(
+    results = pipeline.apply(
         inst.package,
-        fixes.selected(None) if chosen is None else chosen,
+        registry.selected(None) if chosen is None else chosen,
         strategy,
         mode,
         root=inst.root,
@@ -115,7 +98,7 @@ def apply(
         kernels=kernels,
         before_write=before_write,
     )
-    out = merged(results, inst.root)
+    out = pipeline.merged(results, inst.root)
     if out.written and not out.refused:
         out.message = (
             f"patched {len(out.written)} file(s); undo with `gdn-backport revert --installed`"

@@ -20,24 +20,55 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-__all__ = ["ScenarioResult", "VerifyReport", "triton_problem", "verify_tree"]
+from gdn_backport import registry
+from gdn_backport.harness.result import ScenarioResult
+from gdn_backport.site import Site
+
+__all__ = ["ScenarioResult", "Suite", "SuiteError", "VerifyReport", "triton_problem", "verify_tree"]
 
 
-@dataclass
-class ScenarioResult:
-    """One scenario's outcome: the worst error over its oracles (``errors``,
-    by oracle) against the dtype's tolerance. Defined here, without torch,
-    so that reports load where the suite cannot run (``matrix`` scans)."""
+class SuiteError(Exception):
+    """A suite cannot drive this tree (its code is missing or not loadable):
+    the reason, for the report."""
 
-    name: str
-    tag: str
-    layout: str
-    max_abs_err: float
-    tolerance: float
-    passed: bool
-    note: str = ""
-    errors: dict[str, float] = field(default_factory=dict)
+
+class Suite(Protocol):
+    """What a patchset's suite offers ``verify`` (:meth:`registry.Patchset.suite`)."""
+
+    # Every scenario name it knows (``--scenario`` picks among all suites').
+    names: tuple[str, ...]
+    # Whether a ``patch`` of the loaded layer module (the runtime plugin's
+    # in-memory rewrite) is what this suite proves.
+    patches_layer: bool
+
+    def run(
+        self,
+        tree: Path,
+        device: str,
+        names: Sequence[str] | None,
+        *,
+        seed: int,
+        heads: tuple[int, int, int] | None,
+        self_consistency: bool,
+        patch: Callable[[types.ModuleType], object] | None,
+        report: VerifyReport,
+    ) -> list[ScenarioResult]:
+        """The rows of ``names`` (None: the suite's default set); SuiteError
+        when the tree lacks what it drives. ``report.site`` may be set."""
+        ...
+
+    def cell_scenarios(self, device: str) -> Sequence[str]:
+        """What a matrix cell runs on ``device``."""
+        ...
+
+    def expected_failures(
+        self, names: Sequence[str], sites: Sequence[Site]
+    ) -> tuple[frozenset[str], frozenset[str]]:
+        """Of ``names``, those that must fail on a tree with these (its own
+        patchset's, unpatched) sites, and those that may: the mutation check."""
+        ...
 
 
 @dataclass
@@ -99,14 +130,6 @@ def triton_problem() -> str:
     return ""
 
 
-def _select(names: Iterable[str] | None) -> Sequence[object]:
-    from gdn_backport.harness.scenarios import SCENARIOS, scenario
-
-    if names is None:
-        return SCENARIOS
-    return [scenario(n) if isinstance(n, str) else n for n in names]
-
-
 def verify_tree(
     tree: Path,
     device: str = "cpu",
@@ -117,18 +140,16 @@ def verify_tree(
     patch: Callable[[types.ModuleType], object] | None = None,
     patchsets: Sequence[str] | None = None,
 ) -> VerifyReport:
-    """Run the suite on ``tree`` (a root holding ``vllm/``).
+    """Run the chosen patchsets' suites on ``tree`` (a root holding ``vllm/``).
 
-    ``scenarios``: names from :mod:`gdn_backport.harness.scenarios` (default:
-    all of ``SCENARIOS``). ``heads``: (H, HV, K=V) of the layer, default the
-    small CPU shape; e.g. (16, 64, 128) for a Qwen3.5 layer at TP=1. A tree
-    the harness cannot load or drive gives a report with ``error`` set (exit
-    code 2), never an exception. ``patch``: called with the loaded GDN module
-    before the scenarios run (the runtime plugin's in-memory patch).
-    ``patchsets``: whose suites run (default all): pr51812's mixed-batch
-    scenarios on the layer, pr51565's on the tree's own metadata builder
-    (:mod:`gdn_backport.harness.builder_suite`); ``scenarios`` may name
-    either's.
+    ``scenarios``: names from any suite (default: each suite's own set);
+    ``heads``: (H, HV, K=V) of the layer, default the small CPU shape, e.g.
+    (16, 64, 128) for a Qwen3.5 layer at TP=1. A tree a suite cannot load or
+    drive gives a report with ``error`` set (exit code 2) when that suite was
+    asked for (by patchset or scenario), else a skip the report shows; never
+    an exception. ``patch``: called with the loaded GDN module before the
+    scenarios run (the runtime plugin's in-memory patch): then only suites
+    that prove a patched layer run, unless ``patchsets`` says otherwise.
     """
     if device.startswith("cpu"):
         os.environ["TRITON_INTERPRET"] = "1"
@@ -141,106 +162,40 @@ def verify_tree(
     if device.startswith("cuda") and not torch.cuda.is_available():
         report.error = "device cuda requested but torch sees no CUDA device"
         return report
-    from gdn_backport.harness.builder_suite import BUILDER_SCENARIOS
-
     names = None if scenarios is None else list(scenarios)
-    builder_names = None if names is None else [n for n in names if n in BUILDER_SCENARIOS]
-    layer_names = None if names is None else [n for n in names if n not in BUILDER_SCENARIOS]
-    # ``patch`` is the plugin's in-memory patch of the layer: its suite only.
-    default = {LAYER_PATCHSET} if patch is not None else {LAYER_PATCHSET, BUILDER_PATCHSET}
-    want = set(patchsets) if patchsets else default
-    if LAYER_PATCHSET in want and layer_names != []:
-        _layer_rows(report, Path(tree), device, layer_names, self_consistency, seed, heads, patch)
-    if BUILDER_PATCHSET in want and builder_names != [] and not report.error:
-        _builder_rows(report, Path(tree), device, builder_names, seed, explicit=bool(patchsets))
+    suites = [(p, p.suite()) for p in registry.selected(patchsets)]
+    suites = [(p, s) for p, s in suites if s is not None]
+    if patch is not None and not patchsets:
+        suites = [(p, s) for p, s in suites if s.patches_layer]
+    known = {n for _, s in suites for n in s.names}
+    unknown = [n for n in names or () if n not in known]
+    if unknown:
+        report.error = (
+            f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+        return report
+    for ps, suite in suites:
+        mine = None if names is None else [n for n in names if n in suite.names]
+        if mine == []:
+            continue
+        try:
+            report.rows += suite.run(
+                Path(tree),
+                device,
+                mine,
+                seed=seed,
+                heads=heads,
+                self_consistency=self_consistency,
+                patch=patch,
+                report=report,
+            )
+        except SuiteError as exc:
+            if patchsets or mine:
+                report.error = f"{ps.info.id}: {exc}" if len(suites) > 1 else str(exc)
+                return report
+            report.skipped.append(f"{ps.info.id}: {exc}")
+        if report.error:
+            return report
     if not report.rows and not report.error and not report.skipped:
         report.error = "no scenario of the chosen patchsets was named"
     return report
-
-
-def _layer_rows(
-    report: VerifyReport,
-    tree: Path,
-    device: str,
-    layer_names: Sequence[str] | None,
-    self_consistency: bool,
-    seed: int,
-    heads: tuple[int, int, int] | None,
-    patch: Callable[[types.ModuleType], object] | None,
-) -> None:
-    """pr51812's mixed-batch scenarios on the tree's GDN layer, into ``report``."""
-    import torch
-
-    from gdn_backport.harness.layer import LayerShape
-    from gdn_backport.harness.loader import HarnessError, load_tree
-    from gdn_backport.harness.suite import SuiteRunner
-
-    dtype = torch.float16 if device.startswith("cpu") else torch.bfloat16
-    try:
-        selected = _select(layer_names)
-        loaded = load_tree(Path(tree), device=device)
-        report.site = str(loaded.site)
-        if patch is not None and loaded.module is not None:
-            patch(loaded.module)
-        problem = triton_problem()
-        if problem:
-            report.error = problem
-            return
-        shape = LayerShape(dtype=dtype)
-        if heads is not None:
-            h, hv, dim = heads
-            shape = LayerShape(
-                num_k_heads=h, num_v_heads=hv, head_k_dim=dim, head_v_dim=dim, dtype=dtype
-            )
-        runner = SuiteRunner(loaded, shape, torch.device(device), seed=seed)
-        for item in selected:
-            try:
-                result = runner.run(item, self_consistency=self_consistency)  # type: ignore[arg-type]
-            except HarnessError:
-                raise
-            except Exception as exc:
-                # The tree's own code raised on this batch: a failure, with why.
-                report.rows.append(
-                    ScenarioResult(
-                        name=item.name,  # type: ignore[attr-defined]
-                        tag=item.tag,  # type: ignore[attr-defined]
-                        layout=item.layout(),  # type: ignore[attr-defined]
-                        max_abs_err=float("inf"),
-                        tolerance=runner.tolerance,
-                        passed=False,
-                        note=f"raised {type(exc).__name__}: {exc}"[:300],
-                    )
-                )
-                continue
-            report.rows.append(result)
-    except (HarnessError, KeyError) as exc:
-        report.error = str(exc)
-
-
-LAYER_PATCHSET = "pr51812"
-BUILDER_PATCHSET = "pr51565"
-
-
-def _builder_rows(
-    report: VerifyReport,
-    tree: Path,
-    device: str,
-    names: Sequence[str] | None,
-    seed: int,
-    explicit: bool,
-) -> None:
-    """pr51565's scenarios on the tree's own builder, into ``report``. A tree
-    without a GDN builder: an error when pr51565 was asked for by name, else
-    a skip the report shows."""
-    from gdn_backport.harness.builder_suite import run_builder_suite
-    from gdn_backport.harness.loader import HarnessError
-
-    try:
-        rows = run_builder_suite(tree, device, names, seed=seed)
-    except HarnessError as exc:
-        if explicit or names:
-            report.error = f"{BUILDER_PATCHSET}: {exc}"
-        else:
-            report.skipped.append(f"{BUILDER_PATCHSET}: {exc}")
-        return
-    report.rows += rows

@@ -10,7 +10,7 @@ import pytest
 
 from gdn_backport import sources
 from gdn_backport.cli import main
-from gdn_backport.codemods.gather_gates import GatherGatesCodemod
+from gdn_backport.patchsets.pr51812.codemods.gather_gates import GatherGatesCodemod
 
 # The upstream-shaped example of the gather codemod: an affected site.
 AFFECTED = GatherGatesCodemod.REWRITES[0][0]

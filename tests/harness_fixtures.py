@@ -30,7 +30,7 @@ def release_tree(version: str) -> Path:
 
 def patched_copy(version: str, dest: Path, strategy: str = "gather") -> Path:
     """A private copy of a release patched by ``gdn-backport apply``."""
-    from gdn_backport.engine import apply_tree
+    from gdn_backport.patchsets.pr51812.plan import apply_tree
 
     root = dest / f"vllm-{version}-{strategy}"
     if root.exists():

@@ -7,8 +7,9 @@ import textwrap
 import libcst as cst
 import pytest
 
-from gdn_backport.analysis import Status, analyse
-from gdn_backport.patchset import load
+from gdn_backport.patchsets.pr51812.analysis import analyse
+from gdn_backport.patchsets.pr51812.config import load
+from gdn_backport.site import Status
 
 
 def status(source: str, imports: dict[str, str] | None = None) -> Status | None:

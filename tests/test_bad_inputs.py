@@ -29,9 +29,10 @@ from typing import Any
 
 import pytest
 
-from gdn_backport import atomic, engine, sources
-from gdn_backport.codemods.base import Rewrite, SiteCodemod
-from gdn_backport.codemods.gather_gates import GatherGatesCodemod
+from gdn_backport import atomic, sources
+from gdn_backport.patchsets.pr51812 import plan as engine
+from gdn_backport.patchsets.pr51812.codemods.base import Rewrite, SiteCodemod
+from gdn_backport.patchsets.pr51812.codemods.gather_gates import GatherGatesCodemod
 from tests.conftest import AFFECTED, FIXED, run
 from tests.test_engine import SITE
 
@@ -568,16 +569,16 @@ def test_a_large_file_is_parsed_only_if_it_may_hold_a_site(
     (issue 13: a 43 MB file took scan 12.8 s): never decoded or parsed. With
     a function (its ``def`` across a 1 MiB read boundary), it is read whole
     and scanned."""
-    from gdn_backport import locate
+    from gdn_backport import files
 
     decoded: list[Path] = []
-    real_decode = locate.decode
+    real_decode = files.decode
 
     def decode(path: Path, data: bytes) -> str:
         decoded.append(path)
         return real_decode(path, data)
 
-    monkeypatch.setattr(locate, "decode", decode)
+    monkeypatch.setattr(files, "decode", decode)
     big = affected_tree / "vllm" / "table.py"
     row = b"ROW = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20)\n"
     body = row * (5 * 2**19 // len(row))
@@ -586,11 +587,11 @@ def test_a_large_file_is_parsed_only_if_it_may_hold_a_site(
     assert big not in decoded
     # A comment pads to the 1 MiB read boundary: ``def `` straddles it.
     data = big.read_bytes()
-    line = data.rindex(b"\n", 0, locate.CHUNK - 2) + 1
-    pad = b"#" * (locate.CHUNK - 2 - line) + b"\n"
+    line = data.rindex(b"\n", 0, files.CHUNK - 2) + 1
+    pad = b"#" * (files.CHUNK - 2 - line) + b"\n"
     func = b"def rows(md):\n    return md.spec_state_indices_tensor\n"
     big.write_bytes(data[:line] + pad + func + data[line:])
-    assert big.read_bytes().index(b"def rows") == locate.CHUNK - 1
+    assert big.read_bytes().index(b"def rows") == files.CHUNK - 1
     assert run(capsys, "scan", str(affected_tree))[0] == 1
     assert big in decoded
 

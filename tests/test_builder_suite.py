@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gdn_backport.harness.builder_suite import (
+from gdn_backport.harness.loader import HarnessError, LoadedTree
+from gdn_backport.harness.standins import make_stub
+from gdn_backport.patchsets.pr51565.suite import (
     BUILDER_SCENARIOS,
     Req,
     _check_no_stubs,
@@ -25,8 +27,6 @@ from gdn_backport.harness.builder_suite import (
     _slot_blocks,
     run_builder_suite,
 )
-from gdn_backport.harness.loader import HarnessError, LoadedTree
-from gdn_backport.harness.standins import make_stub
 from gdn_backport.verify import ScenarioResult
 from tests.harness_fixtures import interpreted, release_tree
 

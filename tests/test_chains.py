@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gdn_backport.scan import scan_tree
+from gdn_backport.patchsets.pr51812.scan import scan_tree
 from tests.conftest import run
 
 KERNEL = "fused_sigmoid_gating_delta_rule_update"

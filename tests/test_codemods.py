@@ -13,9 +13,15 @@ from libcst.codemod import (
     transform_module,
 )
 
-from gdn_backport.codemods import registry
+from gdn_backport import registry
 
-CODEMODS = {name: type(registry.codemod(name)) for name in registry.CODEMODS}
+# Every patchset's codemod classes, by strategy.
+CODEMODS = {
+    name: cls
+    for ps in registry.discover()
+    for name, cls in ps.codemods().items()
+    if isinstance(cls, type)
+}
 
 
 def _examples(kind: str) -> list[object]:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gdn_backport.cli import main
-from gdn_backport.engine import apply_tree
+from gdn_backport.patchsets.pr51812.plan import apply_tree
 from tests.fake_vllm import AFFECTED, FIXED, forget_fake
 from tests.test_runtime_plugin import UNKNOWN
 
@@ -153,7 +153,7 @@ def test_pr51565_rows_come_from_the_files(
         "pr51565",
         "no apply record",
     )
-    from gdn_backport.prior_state import engine
+    from gdn_backport.patchsets.pr51565 import engine
 
     assert engine.apply_tree(root / "vllm", root=root).exit_code == 0
     rows = doctor._split_rows(root / "vllm", root)

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from gdn_backport import atomic
-from gdn_backport.analysis import Status
-from gdn_backport.engine import Mode, apply_tree, revert_tree
 from gdn_backport.errors import UsageError
+from gdn_backport.patchsets.pr51812.plan import apply_tree
+from gdn_backport.pipeline import Mode, revert_tree
+from gdn_backport.site import Status
 from tests.conftest import FIXED
 
 SITE = Path("vllm/model_executor/layers/mamba/gdn_linear_attn.py")
@@ -61,7 +62,7 @@ def test_apply_analyses_a_rewritten_file_once_and_proves_it_once(
 ) -> None:
     # Each entry function is walked once to plan (the scan the codemod plans
     # from) and once to prove (the whole tree with every rewrite in place).
-    from gdn_backport.dataflow import FlowWalker
+    from gdn_backport.patchsets.pr51812.dataflow import FlowWalker
 
     walked: list[str] = []
     real = FlowWalker.run
@@ -108,7 +109,7 @@ def test_revert_refuses_a_file_edited_after_the_patch(affected_tree: Path) -> No
 
 
 def test_unknown_site_refuses_the_whole_run(affected_tree: Path) -> None:
-    from gdn_backport.codemods.gather_gates import GatherGatesCodemod
+    from gdn_backport.patchsets.pr51812.codemods.gather_gates import GatherGatesCodemod
 
     wrapped = GatherGatesCodemod.REFUSES[1][0]
     (affected_tree / "vllm" / "fork_layer.py").write_text(wrapped)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gdn_backport.scan import scan_tree
+from gdn_backport.patchsets.pr51812.scan import scan_tree
 from tests.conftest import AFFECTED, run
 from tests.test_chains import tree
 

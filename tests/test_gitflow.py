@@ -13,7 +13,7 @@ import git
 import pytest
 
 from gdn_backport import __version__, atomic, sources
-from gdn_backport.engine import apply_tree
+from gdn_backport.patchsets.pr51812.plan import apply_tree
 from tests.conftest import AFFECTED, FIXED, run
 from tests.test_engine import SITE
 

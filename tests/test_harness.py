@@ -18,10 +18,15 @@ import torch
 from gdn_backport.harness.batch import Batch, Row, SlotMap
 from gdn_backport.harness.layer import LayerShape, LayerTensors, make_tensors
 from gdn_backport.harness.loader import GdnSite, LoadedTree
-from gdn_backport.harness.metadata import _collect, _metadata_names
 from gdn_backport.harness.reference import reference_step
-from gdn_backport.harness.scenarios import EXTRA_SCENARIOS, SCENARIOS, ci_scenarios, scenario
 from gdn_backport.harness.standins import HarnessContext, is_stub, make_stub, make_stub_module
+from gdn_backport.patchsets.pr51812.metadata import _collect, _metadata_names
+from gdn_backport.patchsets.pr51812.scenarios import (
+    EXTRA_SCENARIOS,
+    SCENARIOS,
+    ci_scenarios,
+    scenario,
+)
 from tests.harness_fixtures import interpreted, release_tree
 
 # -- batches and slots ------------------------------------------------------
@@ -246,8 +251,8 @@ def test_loader_drives_a_real_release_on_cpu() -> None:
     interpreted()
     from gdn_backport.harness.layer import self_attributes
     from gdn_backport.harness.loader import load_tree
-    from gdn_backport.harness.metadata import metadata_fields
-    from gdn_backport.harness.suite import SuiteRunner
+    from gdn_backport.patchsets.pr51812.metadata import metadata_fields
+    from gdn_backport.patchsets.pr51812.suite import SuiteRunner
 
     loaded = load_tree(release_tree("0.28.0"))
     assert loaded.site.cls == "QwenGatedDeltaNetAttention"
@@ -288,7 +293,7 @@ def _fake_loaded(root: Path, device: str = "cpu") -> LoadedTree:
 
 def test_conv_helper_is_called_the_way_its_signature_asks(tmp_path: Path) -> None:
     from gdn_backport.harness.loader import HarnessError
-    from gdn_backport.harness.metadata import _call_conv_helper
+    from gdn_backport.patchsets.pr51812.metadata import _call_conv_helper
 
     loaded = _fake_loaded(tmp_path)
     cu = torch.tensor([0, 2, 5], dtype=torch.int32)
@@ -326,7 +331,7 @@ def test_config_standin_has_hf_config_and_names_missing_fields(tmp_path: Path) -
 
 def test_feature_off_metadata_fields_need_a_none_default(tmp_path: Path) -> None:
     from gdn_backport.harness.loader import HarnessError
-    from gdn_backport.harness.metadata import _check_feature_off
+    from gdn_backport.patchsets.pr51812.metadata import _check_feature_off
 
     backends = tmp_path / "vllm" / "v1" / "attention" / "backends"
     backends.mkdir(parents=True)
@@ -409,7 +414,7 @@ def test_triton_allocator_is_installed_for_cuda_only(
 def test_loader_drives_releases_with_version_specific_pieces(version: str, why: str) -> None:
     interpreted()
     from gdn_backport.harness.loader import load_tree
-    from gdn_backport.harness.suite import SuiteRunner
+    from gdn_backport.patchsets.pr51812.suite import SuiteRunner
 
     loaded = load_tree(release_tree(version))
     runner = SuiteRunner(loaded, LayerShape(dtype=torch.float16), torch.device("cpu"))

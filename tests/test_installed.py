@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gdn_backport import atomic, installed
-from gdn_backport.engine import apply_tree
+from gdn_backport.patchsets.pr51812.plan import apply_tree
 from tests.conftest import AFFECTED, FIXED, run
 from tests.test_bad_inputs import immutable
 

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from gdn_backport.analysis import Status
-from gdn_backport.codemods.base import Refusal
-from gdn_backport.codemods.kernel_op import null_slot_id
-from gdn_backport.engine import Mode, apply_tree, revert_tree
+from gdn_backport.patchsets.pr51812.codemods.base import Refusal
+from gdn_backport.patchsets.pr51812.codemods.kernel_op import null_slot_id
+from gdn_backport.patchsets.pr51812.plan import apply_tree
+from gdn_backport.pipeline import Mode, revert_tree
+from gdn_backport.site import Status
 from tests.conftest import AFFECTED
 
 KERNEL = """\

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 from gdn_backport import matrix, sources
-from gdn_backport.analysis import Status
 from gdn_backport.cli import main
 from gdn_backport.errors import UsageError
 from gdn_backport.matrix import runner
-from gdn_backport.scan import Site
+from gdn_backport.site import Site, Status
 from gdn_backport.verify import ScenarioResult, VerifyReport
 from tests.harness_fixtures import interpreted
 

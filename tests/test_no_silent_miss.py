@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 
 from gdn_backport import sources
 from gdn_backport.cli import main
-from gdn_backport.dataflow import MAX_DEPTH
-from gdn_backport.patchset import load
-from gdn_backport.scan import analyse_tree
+from gdn_backport.patchsets.pr51812.config import load
+from gdn_backport.patchsets.pr51812.dataflow import MAX_DEPTH
+from gdn_backport.patchsets.pr51812.scan import analyse_tree
 from tests import corpus
 
 KERNEL = "fused_sigmoid_gating_delta_rule_update"

@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from gdn_backport.errors import UsageError
-from gdn_backport.patchset import load, parse
+from gdn_backport.patchsets.pr51812.config import load, parse
 
 
 def test_shipped_patchset() -> None:

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from gdn_backport.analysis import Status
-from gdn_backport.engine import Mode, revert_tree
-from gdn_backport.prior_state import engine
-from gdn_backport.prior_state.analysis import analyse_module, settle
-from gdn_backport.prior_state.config import load
-from gdn_backport.scan import Site
+from gdn_backport.patchsets.pr51565 import engine
+from gdn_backport.patchsets.pr51565.analysis import analyse_module, settle
+from gdn_backport.patchsets.pr51565.config import load
+from gdn_backport.pipeline import Mode, revert_tree
+from gdn_backport.site import Site, Status
 from tests.conftest import run
 
 UTILS = """
@@ -510,7 +509,7 @@ def test_release_patched_by_us_passes_the_builder_suite(tmp_path: Path) -> None:
     scenarios, which fail on the release as shipped (test_builder_suite),
     pass on it, and so does every other scenario."""
     from gdn_backport import sources
-    from gdn_backport.harness.builder_suite import run_builder_suite
+    from gdn_backport.patchsets.pr51565.suite import run_builder_suite
     from tests.harness_fixtures import interpreted
 
     interpreted()
@@ -555,9 +554,9 @@ def test_both_patchsets_applied_pass_both_suites(tmp_path: Path) -> None:
     mixed-batch scenarios and the #51565 builder scenarios all pass, and
     revert gives back every file."""
     from gdn_backport import sources
-    from gdn_backport.apply_all import apply_fixes
-    from gdn_backport.fixes import selected
-    from gdn_backport.harness.scenarios import CI_SCENARIOS
+    from gdn_backport.patchsets.pr51812.scenarios import CI_SCENARIOS
+    from gdn_backport.pipeline import apply as apply_fixes
+    from gdn_backport.registry import selected
     from gdn_backport.verify import verify_tree
     from tests.harness_fixtures import interpreted
 

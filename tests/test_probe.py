@@ -32,8 +32,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gdn_backport import matrix
-from gdn_backport.analysis import Status
-from gdn_backport.harness.scenarios import EXTRA_SCENARIOS, SCENARIOS
+from gdn_backport.patchsets.pr51812.scenarios import EXTRA_SCENARIOS, SCENARIOS
 from gdn_backport.runtime import hook, probe
 from gdn_backport.runtime.probe import (
     Layout,
@@ -43,6 +42,7 @@ from gdn_backport.runtime.probe import (
     new_row_decodes,
     wrap_builder,
 )
+from gdn_backport.site import Status
 from tests.harness_fixtures import release_tree
 
 # -- layouts ---------------------------------------------------------------

@@ -27,11 +27,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gdn_backport import atomic
-from gdn_backport.analysis import Status
-from gdn_backport.engine import apply_tree, revert_tree
 from gdn_backport.errors import UsageError
-from gdn_backport.patchset import load
-from gdn_backport.scan import scan_text
+from gdn_backport.patchsets.pr51812.config import load
+from gdn_backport.patchsets.pr51812.plan import apply_tree
+from gdn_backport.patchsets.pr51812.scan import scan_text
+from gdn_backport.pipeline import revert_tree
+from gdn_backport.site import Status
 
 KERNEL = "fused_sigmoid_gating_delta_rule_update"
 RESERVED = {"torch", "self", "range", "len", "print", "dict", "None", "ctx", "KERNEL", "mask"}

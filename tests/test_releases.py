@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from gdn_backport import matrix
-from gdn_backport.analysis import Status
-from gdn_backport.scan import scan_tree
+from gdn_backport.patchsets.pr51812.scan import scan_tree
+from gdn_backport.site import Status
 
 pytestmark = pytest.mark.network
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from gdn_backport.codemods.gather_gates import GatherGatesCodemod
+from gdn_backport.patchsets.pr51812.codemods.gather_gates import GatherGatesCodemod
+from gdn_backport.patchsets.pr51812.runtime.live import MARKER
 from gdn_backport.runtime import hook, live, plugin
-from gdn_backport.runtime.live import MARKER
 from tests.fake_vllm import AFFECTED, FIXED, make_site
 
 if sys.version_info >= (3, 11):

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gdn_backport.harness.batch import Batch, Row
-from gdn_backport.harness.scenarios import Scenario
+from gdn_backport.patchsets.pr51812.scenarios import Scenario
 from gdn_backport.verify import ScenarioResult, VerifyReport, verify_tree
 from tests.harness_fixtures import interpreted, patched_copy, release_tree
 
@@ -169,7 +169,7 @@ def test_random_compositions_separate_fixed_from_affected(rows: list[Row]) -> No
     interpreted()
     from gdn_backport.harness.layer import LayerShape
     from gdn_backport.harness.loader import load_tree
-    from gdn_backport.harness.suite import SuiteRunner
+    from gdn_backport.patchsets.pr51812.suite import SuiteRunner
 
     batch = Batch(tuple(rows), num_spec=3)
     shows = any(n < s for n in batch.non_spec_token_indx() for s in batch.spec_token_indx())

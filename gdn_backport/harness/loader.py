@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from gdn_backport import locate
+from gdn_backport import files
 from gdn_backport.errors import UsageError
 from gdn_backport.harness.standins import (
     STANDIN_BUILDERS,
@@ -125,9 +125,9 @@ def find_gdn_sites(tree: Path) -> list[GdnSite]:
     # scan's own walk: no records (.gdn-backport/originals hold the affected
     # originals of a patched tree), no VCS or cache folders; links followed.
     # Decoded as scan and Python decode it (PEP 263).
-    for path in locate.python_files(root):
+    for path in files.python_files(root):
         try:
-            text = locate.decode(path, path.read_bytes())
+            text = files.decode(path, path.read_bytes())
         except (OSError, UsageError):
             continue
         if not (

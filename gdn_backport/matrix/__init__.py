@@ -1,8 +1,9 @@
 """The version matrix (``matrix/releases.toml``) and its cells, one job per module:
 
 * :mod:`.model`: the data (releases, fork trees, :func:`load`) and the cells
-  (one target with one strategy: ``gather``/``kernel`` for affected
-  releases, ``none`` for the others), selected by id, release or tree;
+  (one target with one patchset's strategy: every strategy of a patchset
+  where it expects the release affected, its ``unaffected`` cells
+  elsewhere), selected by id, release or tree;
 * :mod:`.check`: the scan-only check of every release against what the
   matrix expects, and the ``--roundtrip`` of a patched copy
   (``gdn-backport matrix check``);
@@ -18,12 +19,12 @@ The names below are the package's API; the modules hold the rest.
 
 from __future__ import annotations
 
-from gdn_backport.matrix.check import Result, check, check_sites, render, roundtrip, run
+from gdn_backport.matrix.check import Found, Result, check_sites, render, roundtrip, run, scan_release
 from gdn_backport.matrix.model import (
     GPU_HEADS,
-    STRATEGIES,
     WHERE,
     Cell,
+    Expectation,
     Matrix,
     Release,
     Tree,
@@ -31,6 +32,7 @@ from gdn_backport.matrix.model import (
     cells,
     load,
     parse,
+    strategies,
 )
 from gdn_backport.matrix.results import (
     ProgressLine,
@@ -56,12 +58,12 @@ from gdn_backport.matrix.runner import (
 
 __all__ = [
     "GPU_HEADS",
-    "STRATEGIES",
     "WHERE",
     "Cell",
     "CellResult",
     "CellRunner",
     "Check",
+    "Expectation",
     "Matrix",
     "ProgressLine",
     "Release",
@@ -71,7 +73,7 @@ __all__ = [
     "Verified",
     "adhoc_tree",
     "cells",
-    "check",
+    "Found",
     "check_sites",
     "default_scenarios",
     "environment",
@@ -88,5 +90,7 @@ __all__ = [
     "roundtrip",
     "run",
     "run_cells",
+    "scan_release",
+    "strategies",
     "write_results",
 ]

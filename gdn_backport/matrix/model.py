@@ -1,61 +1,85 @@
 """The matrix as data: its releases and fork trees (``matrix/releases.toml``),
-and its cells (one target with one strategy) selected by id, release or tree."""
+each patchset's expectations of them (``patchsets/<id>/expected.toml``), and
+the cells (one target with one patchset's strategy) selected by id, release
+or tree."""
 
 from __future__ import annotations
 
 import os
 import re
-import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from gdn_backport import fixes
-from gdn_backport.analysis import Status
+from gdn_backport import registry, tomlfile
 from gdn_backport.errors import UsageError
-from gdn_backport.patchset import load as load_patchset
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from gdn_backport.registry import Patchset
+from gdn_backport.site import Status
 
 WHERE = "matrix/releases.toml"
-# "none": an unaffected release runs unpatched; the rest are the patchsets'
-# (each strategy belongs to one patchset: gather and kernel to pr51812,
-# reclassify to pr51565, so a cell id names its patchset too).
-STRATEGIES = ("none", *(s for name in fixes.available() for s in fixes.load_fix(name).strategies))
-SPLIT_PATCHSET = "pr51565"
+EXPECTED = "expected.toml"
 # A realistic GDN layer for GPU runs (key heads, value heads, head dim).
 GPU_HEADS = (16, 32, 128)
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 
 
+def strategies() -> tuple[str, ...]:
+    """Every cell strategy: the patchsets' own, and their ``unaffected`` cells
+    (``none``: a release verified as shipped)."""
+    out: list[str] = []
+    for ps in registry.discover():
+        out += [s for s in (*unaffected_cells(ps), *ps.info.strategies) if s not in out]
+    return tuple(out)
+
+
+def unaffected_cells(ps: Patchset) -> tuple[str, ...]:
+    table = ps.info.data.get("matrix", {})
+    return tomlfile.identifiers(table, "unaffected", f"{ps.info.where}: matrix") if table else ()
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What one patchset expects of one release: its worst status, or, with
+    ``path``/``function``, the status of that one site (every other site of
+    the patchset then must be correct); whether ``apply`` patches or refuses."""
+
+    status: Status
+    path: str = ""
+    function: str = ""
+    apply: str = "patch"
+
+
 @dataclass(frozen=True)
 class Release:
     version: str
-    path: str  # where the Qwen GDN spec path lives
-    function: str
-    status: Status  # its expected status
     wheel_only: bool = False
     # Why the regression harness cannot drive this release: its cells report
     # "skip" with this reason when verify says it cannot (exit 2), never "ok".
     skip_verify: str = ""
-    # Patchset pr51565: the tree's expected status, and whether apply
-    # patches it ("patch") or refuses with the reason ("refuse").
-    split_status: Status | None = None
-    split_apply: str = "patch"
+    # Patchset id -> its expectation (a patchset with none has no cell here).
+    expected: dict[str, Expectation] = field(default_factory=dict, compare=False)
+
+    def expectation(self, patchset: str) -> Expectation | None:
+        return self.expected.get(patchset)
+
+    def cells(self) -> tuple[tuple[str, str], ...]:
+        """(patchset, strategy) of each cell: patch only what is affected."""
+        out: list[tuple[str, str]] = []
+        for ps in registry.discover():
+            exp = self.expected.get(ps.info.id)
+            if exp is None:
+                continue
+            chosen = ps.info.strategies if exp.status is Status.AFFECTED else unaffected_cells(ps)
+            out += [(ps.info.id, s) for s in chosen]
+        return tuple(out)
 
     @property
     def strategies(self) -> tuple[str, ...]:
-        """The matrix cells of this release: patch only what is affected
-        (pr51812's strategies or "none"; pr51565's where it is affected)."""
-        own = load_patchset().strategies if self.status is Status.AFFECTED else ("none",)
-        split = fixes.load_fix(SPLIT_PATCHSET).strategies
-        return (*own, *(split if self.split_status is Status.AFFECTED else ()))
+        return tuple(s for _, s in self.cells())
 
 
 @dataclass(frozen=True)
@@ -66,10 +90,14 @@ class Tree:
     name: str
     path: str
     ref: str = ""
-    strategies: tuple[str, ...] = ("gather",)
+    # Empty: every patchset's default strategy.
+    strategies: tuple[str, ...] = ()
 
     def resolved(self) -> Path:
         return Path(os.path.expandvars(os.path.expanduser(self.path)))
+
+    def cell_strategies(self) -> tuple[str, ...]:
+        return self.strategies or tuple(ps.info.strategies[0] for ps in registry.discover())
 
 
 @dataclass(frozen=True)
@@ -79,110 +107,115 @@ class Matrix:
 
 
 def _strategies(value: object, at: str) -> tuple[str, ...]:
+    known = strategies()
     if not isinstance(value, list) or not value or not all(isinstance(s, str) for s in value):
         raise UsageError(f"{at}: key 'strategies' must be a list of strategy names")
     for s in value:
-        if s not in STRATEGIES:
-            raise UsageError(f"{at}: key 'strategies': {s!r} is not one of {', '.join(STRATEGIES)}")
+        if s not in known:
+            raise UsageError(f"{at}: key 'strategies': {s!r} is not one of {', '.join(known)}")
     return tuple(value)
 
 
-def _parse_trees(entries: object, where: str) -> tuple[Tree, ...]:
-    if entries is None:
-        return ()
-    if not isinstance(entries, list):
-        raise UsageError(f"{where}: 'tree' must be an array of tables ([[tree]])")
+def _parse_trees(data: dict[str, object], where: str) -> tuple[Tree, ...]:
     trees: list[Tree] = []
-    for i, e in enumerate(entries):
+    for i, e in enumerate(tomlfile.tables(data, "tree", where)):  # type: ignore[arg-type]
         at = f"{where}: tree[{i}]"
-        if not isinstance(e, dict):
-            raise UsageError(f"{at}: must be a table")
-        for key in ("name", "path"):
-            if not isinstance(e.get(key), str) or not e[key]:
-                raise UsageError(f"{at}: key '{key}' must be a non-empty string")
-        if not _NAME.match(e["name"]):
-            raise UsageError(f"{at}: key 'name': {e['name']!r} (letters, digits, '_.-')")
-        ref = e.get("ref", "")
-        if not isinstance(ref, str):
-            raise UsageError(f"{at}: key 'ref' must be a string")
-        strategies = _strategies(e["strategies"], at) if "strategies" in e else ("gather",)
-        if any(t.name == e["name"] for t in trees):
-            raise UsageError(f"{at}: name {e['name']!r} listed twice")
-        trees.append(Tree(e["name"], e["path"], ref, strategies))
+        name, path = tomlfile.text(e, "name", at), tomlfile.text(e, "path", at)
+        if not _NAME.match(name):
+            raise UsageError(f"{at}: key 'name': {name!r} (letters, digits, '_.-')")
+        ref = tomlfile.get(e, "ref", str, at, default="")
+        chosen = _strategies(e["strategies"], at) if "strategies" in e else ()
+        if any(t.name == name for t in trees):
+            raise UsageError(f"{at}: name {name!r} listed twice")
+        trees.append(Tree(name, path, ref, chosen))
     return tuple(trees)
 
 
-def _split(entry: object, at: str) -> tuple[Status | None, str]:
-    """A release's ``pr51565 = { status = ..., apply = "patch"|"refuse" }``."""
-    if entry is None:
-        return None, "patch"
-    key = f"{at}: key '{SPLIT_PATCHSET}'"
-    if not isinstance(entry, dict) or not isinstance(entry.get("status"), str):
-        raise UsageError(f"{key} must be a table with a 'status'")
+def _status(value: object, at: str) -> Status:
     try:
-        status = Status(entry["status"])
+        return Status(value)
     except ValueError as exc:
-        raise UsageError(f"{key}: {entry['status']!r} is not a status") from exc
-    apply = entry.get("apply", "patch")
-    if apply not in ("patch", "refuse"):
-        raise UsageError(f"{key}: apply must be 'patch' or 'refuse'")
-    return status, str(apply)
+        raise UsageError(f"{at}: key 'status': {value!r} is not a status") from exc
 
 
-def parse(data: dict[str, object], where: str = WHERE) -> Matrix:
-    entries = data.get("release")
-    if not isinstance(entries, list) or not entries:
+def parse_expectations(data: dict[str, object], where: str) -> dict[str, Expectation]:
+    """A patchset's ``expected.toml``: version -> expectation."""
+    out: dict[str, Expectation] = {}
+    for i, e in enumerate(tomlfile.tables(data, "release", where)):  # type: ignore[arg-type]
+        at = f"{where}: release[{i}]"
+        version = _version(tomlfile.text(e, "version", at), at)
+        if version in out:
+            raise UsageError(f"{at}: version {version} listed twice")
+        site = tomlfile.get(e, "site", dict, at, default={})
+        path = tomlfile.text(site, "path", f"{at}: site") if site else ""
+        function = tomlfile.text(site, "function", f"{at}: site") if site else ""
+        apply = tomlfile.get(e, "apply", str, at, default="patch")
+        if apply not in ("patch", "refuse"):
+            raise UsageError(f"{at}: key 'apply' must be 'patch' or 'refuse'")
+        status = _status(tomlfile.text(e, "status", at), at)
+        out[version] = Expectation(status, path, function, apply)
+    return out
+
+
+def _version(text: str, at: str) -> str:
+    try:
+        return str(Version(text))
+    except InvalidVersion as exc:
+        raise UsageError(f"{at}: key 'version': {exc}") from exc
+
+
+def parse(
+    data: dict[str, object],
+    where: str = WHERE,
+    expectations: dict[str, dict[str, Expectation]] | None = None,
+) -> Matrix:
+    """``expectations``: patchset id -> version -> expectation (default: the
+    patchsets' own ``expected.toml`` files)."""
+    expectations = load_expectations() if expectations is None else expectations
+    entries = tomlfile.tables(data, "release", where)  # type: ignore[arg-type]
+    if not entries:
         raise UsageError(f"{where}: no [[release]] tables")
     releases: list[Release] = []
-    seen: set[Version] = set()
     for i, e in enumerate(entries):
         at = f"{where}: release[{i}]"
-        if not isinstance(e, dict):
-            raise UsageError(f"{at}: must be a table")
-        for key in ("version", "path", "function", "status"):
-            if not isinstance(e.get(key), str):
-                raise UsageError(f"{at}: key '{key}' must be a string")
-        if not isinstance(e.get("skip_verify", ""), str):
-            raise UsageError(f"{at}: key 'skip_verify' must be a string (the reason)")
-        try:
-            v = Version(e["version"])
-        except InvalidVersion as exc:
-            raise UsageError(f"{at}: key 'version': {exc}") from exc
-        if v in seen:
-            raise UsageError(f"{at}: version {v} listed twice")
-        seen.add(v)
-        try:
-            status = Status(e["status"])
-        except ValueError as exc:
-            raise UsageError(f"{at}: key 'status': {e['status']!r} is not a status") from exc
-        split_status, split_apply = _split(e.get(SPLIT_PATCHSET), at)
+        version = _version(tomlfile.text(e, "version", at), at)
+        if any(r.version == version for r in releases):
+            raise UsageError(f"{at}: version {version} listed twice")
+        skip = tomlfile.get(e, "skip_verify", str, at, default="")
+        expected = {ps: exp[version] for ps, exp in expectations.items() if version in exp}
         releases.append(
             Release(
-                str(v),
-                e["path"],
-                e["function"],
-                status,
-                bool(e.get("wheel_only", False)),
-                e.get("skip_verify", ""),
-                split_status,
-                split_apply,
-            )
+                version, tomlfile.get(e, "wheel_only", bool, at, default=False), skip, expected
+            )  # fmt: skip
         )
-    trees = _parse_trees(data.get("tree"), where)
+    listed = {r.version for r in releases}
+    for ps, exp in expectations.items():
+        extra = sorted(set(exp) - listed, key=Version)
+        if extra:
+            raise UsageError(f"patchsets/{ps}/{EXPECTED}: release {extra[0]} is not in {WHERE}")
+    trees = _parse_trees(data, where)
     return Matrix(tuple(sorted(releases, key=lambda r: Version(r.version))), trees)
 
 
+def load_expectations() -> dict[str, dict[str, Expectation]]:
+    out: dict[str, dict[str, Expectation]] = {}
+    for ps in registry.discover():
+        res = resources.files(ps.package).joinpath(EXPECTED)
+        if res.is_file():
+            where = f"patchsets/{ps.info.id}/{EXPECTED}"
+            out[ps.info.id] = parse_expectations(tomlfile.load(res, where), where)
+    return out
+
+
+@cache
 def load() -> Matrix:
-    text = resources.files("gdn_backport._matrix").joinpath("releases.toml").read_text()
-    try:
-        return parse(tomllib.loads(text))
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{WHERE}: {exc}") from exc
+    res = resources.files("gdn_backport._matrix").joinpath("releases.toml")
+    return parse(tomlfile.load(res, WHERE))
 
 
 @dataclass(frozen=True)
 class Cell:
-    """One matrix cell: a release (or a fork's tree) with one strategy."""
+    """One matrix cell: a release (or a fork's tree) with one patchset's strategy."""
 
     strategy: str
     release: Release | None = None
@@ -193,12 +226,16 @@ class Cell:
 
     @property
     def patchset(self) -> str:
-        """The patchset this cell proves: its strategy's ("none": pr51812's
-        unaffected releases, run unpatched)."""
-        for name in fixes.available():
-            if self.strategy in fixes.load_fix(name).strategies:
-                return name
-        return load_patchset().id
+        """The patchset this cell proves: its strategy's (``none``: the
+        patchset whose unaffected cell it is)."""
+        for ps in registry.discover():
+            if self.strategy in ps.info.strategies or self.strategy in unaffected_cells(ps):
+                return ps.info.id
+        raise UsageError(f"cell strategy {self.strategy!r} belongs to no patchset")
+
+    @property
+    def expectation(self) -> Expectation | None:
+        return self.release.expectation(self.patchset) if self.release is not None else None
 
     @property
     def target(self) -> str:
@@ -222,7 +259,11 @@ class Cell:
 
 
 def adhoc_tree(path: Path, ref: str = "") -> Tree:
-    """A ``--tree PATH`` target, named after its directory."""
+    """A ``--tree PATH`` target, named after its directory (which must be a
+    folder holding ``vllm/``: a CI document for a missing tree is a usage error)."""
+    from gdn_backport.tree import check_vllm_tree
+
+    check_vllm_tree(path)
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", path.resolve().name)
     if not _NAME.match(name):
         name = f"tree-{name}".rstrip("-")
@@ -230,9 +271,10 @@ def adhoc_tree(path: Path, ref: str = "") -> Tree:
 
 
 def _cell_by_id(cell_id: str, matrix: Matrix, trees: Sequence[Tree]) -> Cell:
+    known = strategies()
     target, _, strategy = cell_id.rpartition("-")
-    if strategy not in STRATEGIES or not target:
-        raise UsageError(f"--cell {cell_id}: expected <release or tree>-<{'|'.join(STRATEGIES)}>")
+    if strategy not in known or not target:
+        raise UsageError(f"--cell {cell_id}: expected <release or tree>-<{'|'.join(known)}>")
     for t in trees:
         if t.name == target:
             return Cell(strategy, tree=t, adhoc=True)
@@ -252,7 +294,7 @@ def _cell_by_id(cell_id: str, matrix: Matrix, trees: Sequence[Tree]) -> Cell:
 def cells(
     matrix: Matrix,
     releases: Sequence[str] | None = None,
-    strategies: Sequence[str] | None = None,
+    strategies_: Sequence[str] | None = None,
     ids: Sequence[str] | None = None,
     trees: Sequence[Tree] = (),
     include_wheel_only: bool = False,
@@ -264,12 +306,13 @@ def cells(
     every release's cells (``wheel_only`` releases only when named in
     ``releases`` or with ``include_wheel_only``) and the matrix's
     ``[[tree]]`` entries, or only the named ``releases`` and ``trees``;
-    ``strategies`` keeps the release cells of those strategies and sets the
+    ``strategies_`` keeps the release cells of those strategies and sets the
     strategies of the trees.
     """
-    for s in strategies or ():
-        if s not in STRATEGIES:
-            raise UsageError(f"--strategy {s}: choose from {', '.join(STRATEGIES)}")
+    known = strategies()
+    for s in strategies_ or ():
+        if s not in known:
+            raise UsageError(f"--strategy {s}: choose from {', '.join(known)}")
     if ids:
         if releases:
             raise UsageError("--cell and --release exclude each other")
@@ -292,10 +335,10 @@ def cells(
             continue
         if not named and (not everything or (r.wheel_only and not include_wheel_only)):
             continue
-        out += [Cell(s, release=r) for s in r.strategies if not strategies or s in strategies]
+        out += [Cell(s, release=r) for s in r.strategies if not strategies_ or s in strategies_]
     extra = [(t, True) for t in trees] + [(t, False) for t in matrix.trees if everything]
     for t, adhoc in extra:
-        out += [Cell(s, tree=t, adhoc=adhoc) for s in (strategies or t.strategies)]
+        out += [Cell(s, tree=t, adhoc=adhoc) for s in (strategies_ or t.cell_strategies())]
     ids_seen = [c.id for c in out]
     dup = sorted({i for i in ids_seen if ids_seen.count(i) > 1})
     if dup:

@@ -199,7 +199,7 @@ def junit_xml(res: CellResult, env: dict[str, object]) -> ET.ElementTree:
         "release": cell.release.version if cell.release else "",
         "tree": cell.tree.path if cell.tree else "",
         "strategy": cell.strategy,
-        "expected": cell.release.status.value if cell.release else "",
+        "expected": cell.expectation.status.value if cell.expectation else "",
         "status_before": res.status_before.value if res.status_before else "",
         "status_after": res.status_after.value if res.status_after else "",
         "result": res.result,

@@ -13,23 +13,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gdn_backport import sources
-from gdn_backport.analysis import Status
+from gdn_backport import registry, sources
 from gdn_backport.errors import UsageError
-from gdn_backport.matrix.check import check_sites, check_split, worst
-from gdn_backport.matrix.model import GPU_HEADS, SPLIT_PATCHSET, Cell, Tree
-from gdn_backport.scan import Site, scan_tree
+from gdn_backport.matrix.check import check_sites
+from gdn_backport.matrix.model import GPU_HEADS, Cell, Tree
+from gdn_backport.site import Site, Status, worst
+from gdn_backport.tree import Tree as TreeView
 from gdn_backport.verify import VerifyReport, verify_tree
-
-# pr51565's scenarios that read a recycled slot wherever a builder classifies
-# by length alone (the others pass on every release: a mixed batch before
-# 0.23 takes the masked prefill path, spec rows and resumed chunks are fine).
-SPLIT_MUST_FAIL = frozenset({"new_one_token", "decode_plus_new", "first_chunk_one_token"})
-# Either result is right unpatched: a new one-token row beside a real prefill
-# reads stale state from 0.23 (decodes split off mixed batches), not before
-# (every row takes the prefill path); beside spec rows it reads stale state
-# before 0.18 (a decode there; 0.17 asserts instead), not after (a prefill).
-SPLIT_MAY_FAIL = frozenset({"decode_new_prefill", "spec_plus_new"})
 
 
 def parse_heads(text: str) -> tuple[int, int, int]:
@@ -53,22 +43,39 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def default_scenarios(device: str) -> tuple[str, ...]:
-    """Every scenario on the GPU; the small CI set on the CPU interpreter."""
-    from gdn_backport.harness.scenarios import CI_SCENARIOS, SCENARIOS
-
-    return tuple(s.name for s in SCENARIOS) if device == "cuda" else CI_SCENARIOS
+def default_scenarios(device: str, patchset: str) -> tuple[str, ...]:
+    """A patchset's cell scenarios on this device (its suite says which:
+    every one on the GPU, a smaller set on the CPU interpreter)."""
+    suite = registry.get(patchset).suite()
+    return tuple(suite.cell_scenarios(device)) if suite is not None else ()
 
 
 @dataclass(frozen=True)
 class RunOptions:
     device: str = "cpu"  # resolved: "cpu" or "cuda"
-    scenarios: tuple[str, ...] = ()  # empty: default_scenarios(device)
+    scenarios: tuple[str, ...] = ()  # empty: each patchset's default_scenarios(device)
     heads: tuple[int, int, int] | None = None  # None: small on CPU, GPU_HEADS on CUDA
     workdir: Path | None = None  # where patched copies live while a cell runs
 
-    def scenario_names(self) -> tuple[str, ...]:
-        return self.scenarios or default_scenarios(self.device)
+    def scenarios_of(self, patchset: str) -> tuple[str, ...]:
+        """The scenarios a cell of ``patchset`` runs: ``--scenario`` names
+        (those of its suite), else its defaults."""
+        if not self.scenarios:
+            return default_scenarios(self.device, patchset)
+        suite = registry.get(patchset).suite()
+        names = set(suite.names) if suite is not None else set()
+        return tuple(n for n in self.scenarios if n in names)
+
+    def scenario_names(self, patchsets: Iterable[str] = ()) -> list[str]:
+        """The scenario names of a run, for its first line (each patchset's
+        after the first names it)."""
+        chosen = [p for p in registry.available() if p in set(patchsets)] or list(
+            registry.available()[:1]
+        )
+        out: list[str] = []
+        for i, p in enumerate(chosen):
+            out += [n if i == 0 else f"{n} ({p})" for n in self.scenarios_of(p)]
+        return out
 
     def layer_heads(self) -> tuple[int, int, int] | None:
         if self.heads is None and self.device == "cuda":
@@ -198,11 +205,8 @@ class CellResult:
 
 
 def _expected(cell: Cell) -> str | None:
-    r = cell.release
-    if r is None:
-        return None
-    status = r.split_status if cell.patchset == SPLIT_PATCHSET else r.status
-    return status.value if status else None
+    exp = cell.expectation
+    return exp.status.value if exp else None
 
 
 def _tree_status(sites: Sequence[Site], after: bool) -> tuple[Status | None, list[str]]:
@@ -303,42 +307,53 @@ class CellRunner:
         res.seconds = time.perf_counter() - t0
         return res
 
-    def _scan(self, cell: Cell, root: Path, after: bool) -> tuple[Status | None, Check]:
+    def _scan(self, cell: Cell, root: Path, after: bool) -> tuple[list[Site], Check]:
         t0 = time.perf_counter()
-        _, sites = scan_tree(root)
+        sites = registry.get(cell.patchset).scan(TreeView.of(root))
         name = "scan after" if after else "scan before"
-        if cell.release is not None:
-            expected = cell.release.status
-            if after and expected is Status.AFFECTED:
-                expected = Status.FIXED
-            status, problems = check_sites(cell.release, sites, expected)
+        exp = cell.expectation
+        if exp is not None:
+            want = Status.FIXED if after and exp.status is Status.AFFECTED else exp.status
+            if after and not exp.path:
+                # After apply nothing of the patchset is left affected or unknown.
+                left = [s for s in sites if s.status in (Status.AFFECTED, Status.UNKNOWN)]
+                problems = [f"{s.path}:{s.line} {s.function}: still {s.status.value}" for s in left]
+            else:
+                _, problems = check_sites(exp, sites, want)
         else:
-            status, problems = _tree_status(sites, after)
-        seen = status.value if status else "no site"
+            _, problems = _tree_status(sites, after)
+        found = worst(s.status for s in sites)
+        seen = found.value if found else "no site"
         message = "; ".join(problems) if problems else seen
-        return status, Check(
+        return sites, Check(
             name, not problems, message, _sites_text(sites), seconds=time.perf_counter() - t0
         )
 
-    def _verify(self, cell: Cell, root: Path, phase: str, must_fail: bool) -> Verified:
-        from gdn_backport.harness.scenarios import scenario
-
+    def _verify(self, cell: Cell, root: Path, phase: str, sites: Sequence[Site] | None) -> Verified:
+        """One verify of ``root`` with the cell's patchset's suite; ``sites``
+        (unpatched only): what the scan found, from which the suite says
+        which scenarios must fail (the mutation check) and which may."""
         opts = self.options
-        names = opts.scenario_names()
+        names = opts.scenarios_of(cell.patchset)
         key = (str(root), phase, cell.patchset)
         cached = self._unpatched.get(key) if cell.release is not None else None
         if cached is not None:
             return dataclasses.replace(cached, seconds=0.0)
-        fail = frozenset(n for n in names if must_fail and scenario(n).expect_unpatched == "fail")
+        suite = registry.get(cell.patchset).suite()
+        must: frozenset[str] = frozenset()
+        may: frozenset[str] = frozenset()
+        if sites is not None and suite is not None:
+            must, may = suite.expected_failures(names, sites)
         t0 = time.perf_counter()
         report = verify_tree(
             root,
             device=opts.device,
-            scenarios=names,
+            scenarios=names or None,
             heads=opts.layer_heads(),
             patchsets=[cell.patchset],
+            seed=0,
         )
-        done = Verified(phase, report, fail, time.perf_counter() - t0)
+        done = Verified(phase, report, must, time.perf_counter() - t0, may_fail=may)
         if cell.release is not None and phase == "unpatched":
             self._unpatched[key] = dataclasses.replace(done, shared_with=cell.id)
         return done
@@ -384,37 +399,46 @@ class CellRunner:
         return root
 
     def _run(self, cell: Cell, res: CellResult, tmp: Path, stage: Callable[[str], None]) -> None:
-        from gdn_backport.engine import Mode, apply_tree
+        """Scan; verify as shipped (where the patchset expects it affected,
+        the suite's must-fail scenarios must fail: the mutation check); then
+        apply the patchset alone to a private copy (a refusal where the
+        matrix expects one), scan again and verify again."""
+        from gdn_backport import pipeline
+        from gdn_backport.pipeline import Mode
 
-        if cell.patchset == SPLIT_PATCHSET:
-            self._run_split(cell, res, tmp, stage)
-            return
+        ps = registry.get(cell.patchset)
         root = self._fetch(cell, res, tmp, stage)
-
         stage("scan")
-        res.status_before, scanned = self._scan(cell, root, after=False)
+        sites, scanned = self._scan(cell, root, after=False)
         res.checks.append(scanned)
-        expected = cell.release.status if cell.release else res.status_before
-        affected = expected is Status.AFFECTED
+        res.status_before = worst(s.status for s in sites)
+        exp = cell.expectation
+        affected = (exp.status if exp else res.status_before) is Status.AFFECTED
 
-        if cell.strategy == "none":
+        if cell.strategy not in ps.info.strategies:
+            # An unaffected cell: the release verified as shipped, which must pass.
             stage("verify")
-            res.unpatched = self._verify(cell, root, "unpatched", must_fail=affected)
+            res.unpatched = self._verify(cell, root, "unpatched", sites if affected else ())
             res.checks += self._verify_checks(cell, res.unpatched)
             res.status_after = res.status_before
             return
-
         if affected:
             stage("verify unpatched")
-            res.unpatched = self._verify(cell, root, "unpatched", must_fail=True)
+            res.unpatched = self._verify(cell, root, "unpatched", sites)
             res.checks += self._verify_checks(cell, res.unpatched)
 
         stage(f"patch ({cell.strategy})")
         t0 = time.perf_counter()
         work = _patched_copy(cell, root, tmp)
-        out = apply_tree(work, cell.strategy, Mode.WRITE)
+        out = pipeline.apply(work, [ps], cell.strategy, Mode.WRITE)[0][1]
         res.written = tuple(out.written)
         refused = "; ".join(f"{p}: {r}" for p, r in out.refused)
+        if exp is not None and exp.apply == "refuse":
+            ok = out.exit_code == 2 and not out.written
+            msg = f"refused as expected: {refused}" if ok else f"expected a refusal ({out.message})"
+            res.checks.append(Check("apply", ok, msg, seconds=time.perf_counter() - t0))
+            res.status_after = res.status_before
+            return
         if refused:
             ok, msg = False, f"refused: {refused}"
         elif affected and not out.written:
@@ -426,99 +450,12 @@ class CellRunner:
         res.checks.append(Check("apply", ok, msg, out.diff, seconds=time.perf_counter() - t0))
 
         stage("scan after")
-        res.status_after, scanned = self._scan(cell, work, after=True)
+        after, scanned = self._scan(cell, work, after=True)
         res.checks.append(scanned)
+        res.status_after = worst(s.status for s in after)
 
         stage("verify patched")
-        res.patched = self._verify(cell, work, "patched", must_fail=False)
-        res.checks += self._verify_checks(cell, res.patched)
-
-    # -- patchset pr51565: the tree's own metadata builder -------------------------
-
-    def _split_scan(self, cell: Cell, root: Path, after: bool) -> tuple[list[Site], Check]:
-        from gdn_backport.prior_state import engine
-
-        t0 = time.perf_counter()
-        sites = engine.scan_sites(root)
-        found = worst(sites)
-        problems: list[str] = []
-        if after:
-            problems = [
-                f"{s.path}:{s.line} {s.function}: still {s.status.value}"
-                for s in sites
-                if s.status in (Status.AFFECTED, Status.UNKNOWN)
-            ]
-        elif cell.release is not None:
-            problems = check_split(cell.release, sites)
-        elif found is Status.UNKNOWN:
-            problems = [f"{s.path}:{s.line}: unknown" for s in sites if s.status is Status.UNKNOWN]
-        seen = found.value if found else "no site"
-        name = "scan after" if after else "scan before"
-        message = "; ".join(problems) if problems else seen
-        detail = _sites_text(sites)
-        return sites, Check(name, not problems, message, detail, seconds=time.perf_counter() - t0)
-
-    def _split_verify(self, cell: Cell, root: Path, phase: str, must_fail: bool) -> Verified:
-        key = (str(root), phase, cell.patchset)
-        cached = self._unpatched.get(key) if cell.release is not None else None
-        if cached is not None:
-            return dataclasses.replace(cached, seconds=0.0)
-        t0 = time.perf_counter()
-        report = verify_tree(root, device=self.options.device, patchsets=[cell.patchset], seed=0)
-        fail = SPLIT_MUST_FAIL if must_fail else frozenset()
-        either = SPLIT_MAY_FAIL if must_fail else frozenset()
-        done = Verified(phase, report, fail, time.perf_counter() - t0, may_fail=either)
-        if cell.release is not None and phase == "unpatched":
-            self._unpatched[key] = dataclasses.replace(done, shared_with=cell.id)
-        return done
-
-    def _run_split(
-        self, cell: Cell, res: CellResult, tmp: Path, stage: Callable[[str], None]
-    ) -> None:
-        """pr51565: scan, the builder suite unpatched (its stale-state scenarios
-        must fail wherever a builder is affected), then apply on a copy: a
-        refusal where the matrix expects one, else scan fixed and the suite
-        passing."""
-        from gdn_backport.engine import Mode
-        from gdn_backport.prior_state import engine
-
-        root = self._fetch(cell, res, tmp, stage)
-        stage("scan")
-        sites, scanned = self._split_scan(cell, root, after=False)
-        res.checks.append(scanned)
-        res.status_before = worst(sites)
-        builder_affected = any(
-            s.status is Status.AFFECTED and s.reason.startswith("builder") for s in sites
-        )
-        stage("verify unpatched")
-        res.unpatched = self._split_verify(cell, root, "unpatched", must_fail=builder_affected)
-        res.checks += self._verify_checks(cell, res.unpatched)
-        stage(f"patch ({cell.strategy})")
-        t0 = time.perf_counter()
-        work = _patched_copy(cell, root, tmp)
-        out = engine.apply_tree(work, cell.strategy, Mode.WRITE)
-        res.written = tuple(out.written)
-        refused = "; ".join(f"{p}: {r}" for p, r in out.refused)
-        expect_refusal = cell.release is not None and cell.release.split_apply == "refuse"
-        if expect_refusal:
-            ok = out.exit_code == 2 and not out.written
-            msg = f"refused as expected: {refused}" if ok else f"expected a refusal ({out.message})"
-            res.checks.append(Check("apply", ok, msg, seconds=time.perf_counter() - t0))
-            res.status_after = res.status_before
-            return
-        if refused:
-            ok, msg = False, f"refused: {refused}"
-        elif res.status_before is Status.AFFECTED and not out.written:
-            ok, msg = False, f"wrote nothing on an affected tree ({out.message})"
-        else:
-            ok, msg = out.exit_code == 0, f"exit {out.exit_code}, wrote {len(out.written)} file(s)"
-        res.checks.append(Check("apply", ok, msg, out.diff, seconds=time.perf_counter() - t0))
-        stage("scan after")
-        after, scanned = self._split_scan(cell, work, after=True)
-        res.checks.append(scanned)
-        res.status_after = worst(after)
-        stage("verify patched")
-        res.patched = self._split_verify(cell, work, "patched", must_fail=False)
+        res.patched = self._verify(cell, work, "patched", None)
         res.checks += self._verify_checks(cell, res.patched)
 
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 Callback = Callable[[types.ModuleType], object]
+# The module names worth a look: vLLM and its hardware plugins (vllm_ascend, ...).
+PREFIX = "vllm"
 
 
 @dataclass(frozen=True)

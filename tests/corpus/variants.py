@@ -36,9 +36,9 @@ import libcst as cst
 from packaging.version import Version
 
 from gdn_backport import matrix
-from gdn_backport.analysis import Status
 from gdn_backport.cst_nodes import children_of, code, walk
-from gdn_backport.patchset import load as load_patchset
+from gdn_backport.patchsets.pr51812.config import load as load_patchset
+from gdn_backport.site import Status
 
 KERNEL = "fused_sigmoid_gating_delta_rule_update"
 # The kernel's parameters in order (the same in every affected release).

@@ -1,0 +1,259 @@
+"""pr51565's scan and plan of a tree; nothing is written here.
+
+The plan always analyses the whole tree, whatever PATH names: a builder fix
+is whole only with every FULL decode route of the tree's runners guarded,
+so a run that would rewrite a builder with a runner it cannot see (a single
+file, a tree with no runner) refuses. Every rewrite is analysed again with
+the tree before the plan goes through; :mod:`gdn_backport.pipeline` writes
+it with the same records, lock and all-or-nothing replacement as any other.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+from pathlib import Path
+
+from gdn_backport import files
+from gdn_backport.errors import Refusal, UsageError
+from gdn_backport.pipeline import Mode, Outcome, Plan, SiteChange, Staged, conclude, unified_diff
+from gdn_backport.site import Site, Status
+from gdn_backport.tree import Tree, relative
+
+from . import ID, codemods
+from .analysis import Finding, analyse_module, settle
+from .codemods import TreeFacts
+from .config import Config, load
+
+STRATEGY = "reclassify"
+
+
+def markers(cfg: Config) -> tuple[bytes, ...]:
+    """Text a module with a site holds: the split call, a runner route, or a
+    GDN-family field (a builder that classifies without the split call)."""
+    names = (cfg.split, cfg.v1_dispatch, cfg.v2_shape_only, *sorted(cfg.family))
+    # ``X.build = fn``: a plugin installing its own builder.
+    return (*(n.encode() for n in names), b".build =")
+
+
+def _texts(tree: Tree, scope: Path) -> dict[Path, str]:
+    """The files below ``scope`` that may hold a site, decoded (the run's
+    overlay first: what an earlier patchset of the run rewrote)."""
+    out: dict[Path, str] = {}
+    marks = markers(load())
+    walked = tree.walk() if scope == tree.path else files.walk(scope)
+    for file in walked.files:
+        if file in tree.overlay:
+            out[file] = tree.overlay[file]
+            continue
+        data = tree.read(file)
+        if b"def " in data and any(mark in data for mark in marks):
+            out[file] = tree.text(file)
+    return out
+
+
+def findings(
+    tree: Tree, scope: Path | None = None, rewrites: dict[Path, str] | None = None
+) -> dict[Path, list[Finding]]:
+    """Every site below ``scope`` (default ``tree.path``), runner verdicts
+    settled over them all; ``rewrites``: texts to judge instead (a proof)."""
+    cfg = load()
+    texts = _texts(tree, scope or tree.path)
+    texts.update({f: t for f, t in (rewrites or {}).items() if f in texts})
+    per_file: dict[Path, list[Finding]] = {}
+    for file, text in texts.items():
+        found = analyse_module(files.parse_ast(file, text), text, cfg)
+        if found:
+            per_file[file] = found
+    flat = settle([f for fs in per_file.values() for f in fs])
+    it = iter(flat)
+    return {file: [next(it) for _ in fs] for file, fs in per_file.items()}
+
+
+def _kind(kind: str) -> str:
+    return "builder" if kind == "builder" else "runner"
+
+
+def _kind_of(site: Site) -> str:
+    """The kind a site of ours was reported as (its reason says it first)."""
+    return site.reason.split(":", 1)[0]
+
+
+def _site(rel: str, f: Finding) -> Site:
+    return Site(rel, f.line, f.function, f.status, f"{_kind(f.kind)}: {f.reason}", None, None, ID)
+
+
+def scan(tree: Tree) -> list[Site]:
+    """The sites below ``tree.path``."""
+    return [_site(tree.relative(file), f) for file, fs in findings(tree).items() for f in fs]
+
+
+def scan_sites(path: Path, root: Path | None = None) -> list[Site]:
+    """The sites below ``path`` of the tree at ``root``."""
+    return scan(Tree.of(path, root))
+
+
+def tree_facts(tree: Tree, root: Path, cfg: Config) -> TreeFacts | None:
+    """The fields of the tree's ``CommonAttentionMetadata`` and the parameters
+    of its split function, from their definitions; None if either is not
+    found (several definitions: what all of them offer)."""
+    fields: set[str] | None = None
+    params: set[str] | None = None
+    replace_method = True
+    cls_mark, fn_mark = b"class CommonAttentionMetadata", f"def {cfg.split}(".encode()
+    walked = tree.walk() if root == tree.path else files.walk(root)
+    for file in walked.files:
+        with contextlib.suppress(OSError, UsageError):
+            data = tree.read(file)
+            if cls_mark not in data and fn_mark not in data:
+                continue
+            for node in tree.parse(file).body:
+                if isinstance(node, ast.ClassDef) and node.name == "CommonAttentionMetadata":
+                    names = {
+                        s.target.id
+                        for s in node.body
+                        if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+                    }
+                    names |= {s.name for s in node.body if isinstance(s, ast.FunctionDef)}
+                    replace_method &= "replace" in names
+                    fields = names if fields is None else fields & names
+                elif isinstance(node, ast.FunctionDef) and node.name == cfg.split:
+                    a = node.args
+                    have = {p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]}
+                    params = have if params is None else params & have
+    if fields is None or params is None:
+        return None
+    return TreeFacts(frozenset(fields), frozenset(params), replace_method)
+
+
+def _here(path: Path, root: Path) -> str:
+    return relative(path, root) if path != root else "."
+
+
+def plan(tree: Tree, strategy: str, mode: Mode) -> Plan:
+    if strategy != STRATEGY:
+        raise UsageError(f"--strategy {strategy}: patchset {ID} has only {STRATEGY}")
+    path, root = tree.path, tree.root
+    cfg = load()
+    out = Outcome(root)
+    # A folder is analysed whole; one file, with the folder it is in (its tree).
+    scope = path if path.is_dir() else root
+    before = findings(tree, scope)
+    below = path.resolve()
+
+    def shown(file: Path) -> bool:
+        return file.resolve() == below or below in file.resolve().parents
+
+    sites = [(file, f) for file, fs in before.items() for f in fs]
+    for file, f in sites:
+        if shown(file):
+            out.changes.append(
+                SiteChange(_site(relative(file, root), f), _site(relative(file, root), f), False)
+            )
+    for file, f in sites:
+        if f.status is Status.UNKNOWN and shown(file):
+            out.refused.append((relative(file, root), f"{f.function}: {f.reason}"))
+    # A builder fix makes every open FULL decode route a half fix: they go with it.
+    fixing = any(f.kind == "builder" and f.status is Status.AFFECTED for _, f in sites)
+    todo = {
+        file: [
+            f
+            for f in fs
+            if f.status is Status.AFFECTED or (fixing and f.kind != "builder" and not f.guarded)
+        ]
+        for file, fs in before.items()
+    }
+    todo = {file: fs for file, fs in todo.items() if fs}
+    # PATH names what to patch: a site outside it is not this run's, unless a
+    # builder inside needs it (a runner's guard) to be whole.
+    outside = sorted(relative(file, root) for file in todo if not shown(file))
+    here = {file: fs for file, fs in todo.items() if shown(file)}
+    if not any(f.kind == "builder" for fs in here.values() for f in fs):
+        outside = []
+    todo = here
+    if out.refused or not todo or mode is Mode.CHECK:
+        conclude(out, mode, False)
+        return Plan(out, strategy=strategy)
+    if outside:
+        why = (
+            f"the fix also rewrites {', '.join(outside)}; apply it to the tree holding "
+            "them (a builder fix needs the runner's guard)"
+        )
+        out.refused.append((_here(path, root), why))
+        conclude(out, mode, False)
+        return Plan(out, strategy=strategy)
+    facts = tree_facts(tree, scope, cfg)
+    staged: list[Staged] = []
+    texts: dict[Path, str] = {}
+    for file, fs in todo.items():
+        rel = relative(file, root)
+        disk = tree.read(file)
+        text = tree.text(file)
+        # An earlier patchset of this run rewrote the file: this layer starts there.
+        original = files.encode(file, text, disk) if file in tree.overlay else disk
+        try:
+            new = codemods.rewrite(text, fs, cfg, facts)
+            data = files.encode(file, new, disk)
+        except Refusal as exc:
+            out.refused.append((rel, exc.reason))
+            continue
+        texts[file] = new
+        staged.append((file, rel, original, data))
+        out.diff += unified_diff(rel, text, new)
+    if (
+        not out.refused
+        and any(f.kind == "builder" for fs in todo.values() for f in fs)
+        and not any(f.kind != "builder" for fs in before.values() for f in fs)
+    ):
+        why = (
+            f"no model runner with a FULL decode CUDA-graph route found in {scope}: "
+            "cannot prove the builder fix is whole (a runner replaying decode graphs for "
+            "a batch holding a new row would run on stale buffers); apply to the tree "
+            "holding vllm/v1/worker"
+        )
+        out.refused.append((_here(path, root), why))
+    if not out.refused:
+        _prove(tree, scope, texts, out)
+    conclude(out, mode, bool(staged))
+    if out.refused:
+        return Plan(out, strategy=strategy)
+    return Plan(out, staged, strategy, texts)
+
+
+def _prove(tree: Tree, scope: Path, texts: dict[Path, str], out: Outcome) -> None:
+    """Every rewrite compiles, and the tree analysed again with all of them
+    in place has no site left affected or unknown."""
+    root = tree.root
+    for file, text in texts.items():
+        try:
+            compile(files.parse_ast(file, text), str(file), "exec")
+        except (SyntaxError, UsageError) as exc:
+            out.refused.append((relative(file, root), f"the rewrite does not compile: {exc}"))
+    if out.refused:
+        return
+    after = findings(tree, scope, texts)
+    by_key = {
+        (relative(file, root), f.function, f.kind): f for file, fs in after.items() for f in fs
+    }
+    for c in out.changes:
+        match = [
+            f
+            for (rel, fn, k), f in by_key.items()
+            if rel == c.site.path and fn == c.site.function and _kind(k) == _kind_of(c.site)
+        ]
+        if match:
+            c.rewritten = _site(c.site.path, min(match, key=lambda f: abs(f.line - c.site.line)))
+    for (rel, fn, _), f in by_key.items():
+        if f.status in (Status.AFFECTED, Status.UNKNOWN):
+            out.refused.append((rel, f"{fn}: after the rewrite still {f.status.value}: {f.reason}"))
+
+
+def apply_tree(
+    path: Path, strategy: str = STRATEGY, mode: Mode = Mode.WRITE, *, root: Path | None = None
+) -> Outcome:
+    """This patchset alone over the tree at ``path``, written by the pipeline."""
+    from gdn_backport import pipeline
+
+    from . import PATCHSET
+
+    return pipeline.apply(path, [PATCHSET], strategy, mode, root=root)[0][1]

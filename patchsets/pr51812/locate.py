@@ -1,0 +1,120 @@
+"""Where pr51812's analysis looks: candidate files and functions.
+
+A file is a candidate when it names a spec-token field (index or state
+slots) and defines a function (:func:`may_hold_site`); ``ast`` then names
+the functions whose source mentions one; only those are parsed with libcst
+and walked (:mod:`.sites`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import libcst as cst
+
+from gdn_backport import files
+from gdn_backport.cst_nodes import children_of
+from gdn_backport.errors import UsageError
+
+from .config import Patchset
+
+
+@dataclass(frozen=True)
+class Candidate:
+    qualname: str  # Class.method, outer.inner
+    occurrence: int  # how many earlier functions in the file share qualname
+    line: int  # the ``def`` line
+    start: int  # first line of the function, decorators included
+    end: int
+    col: int
+
+
+def markers(patchset: Patchset) -> tuple[bytes, ...]:
+    """The sieve's rule: a file names a spec-token field (index or state
+    slots) and defines a function (a site is one). A caller that only gathers
+    by the index and a helper in another file that only reads the slots are
+    both looked at, so neither is missed."""
+    f = patchset.fields
+    return tuple(name.encode() for name in sorted({*f.spec_index, *f.spec_state}))
+
+
+def may_hold_site(data: bytes, patchset: Patchset) -> bool:
+    """``data`` may hold a site: a file that fails this cannot."""
+    return b"def " in data and any(m in data for m in markers(patchset))
+
+
+def mentions_fields(data: bytes, patchset: Patchset) -> bool:
+    """The bytes name a spec-token field, index or state slots (the sieve)."""
+    return may_hold_site(data, patchset)
+
+
+def read_candidate(path: Path, patchset: Patchset) -> bytes | None:
+    """The file's bytes if it may hold a site (:func:`may_hold_site`), else
+    None, without keeping a large file that fails the rule
+    (:func:`gdn_backport.files.read_marked`)."""
+    return files.read_marked(path, markers(patchset))
+
+
+def function_node(lines: list[str], cand: Candidate) -> cst.FunctionDef:
+    """The candidate parsed on its own with libcst.
+
+    An indented method is wrapped in ``if 1:`` so its own indentation stays
+    valid; parsing one function instead of the whole file keeps scan fast.
+    """
+    text = "".join(lines[cand.start - 1 : cand.end])
+    if not text.endswith("\n"):
+        text += "\n"
+    node = _function_parse(text, bool(cand.col))
+    if node is None:
+        raise UsageError(f"line {cand.line}: expected a function definition")
+    return node
+
+
+@functools.lru_cache(maxsize=256)
+def _function_parse(text: str, indented: bool) -> cst.FunctionDef | None:
+    # libcst nodes are immutable: the same function's text parses once per
+    # process (an apply analyses its tree three times: scan, rewrite, proof).
+    if indented:
+        module = cst.parse_module("if 1:\n" + text)
+        wrapper = module.body[0]
+        assert isinstance(wrapper, cst.If) and isinstance(wrapper.body, cst.IndentedBlock)
+        node = wrapper.body.body[0]
+    else:
+        node = cst.parse_module(text).body[0]
+    return node if isinstance(node, cst.FunctionDef) else None
+
+
+_BLOCKS = (
+    cst.BaseSuite,
+    cst.BaseCompoundStatement,
+    cst.Else,
+    cst.ExceptHandler,
+    cst.ExceptStarHandler,
+    cst.Finally,
+    cst.MatchCase,
+)
+
+
+def index_functions(module: cst.Module) -> list[tuple[str, int, cst.FunctionDef]]:
+    """(qualname, occurrence, node) of every function, in source order; the
+    same names and order as :func:`candidates` gives from ``ast``."""
+    found: list[tuple[str, int, cst.FunctionDef]] = []
+    seen: dict[str, int] = {}
+
+    def visit(node: cst.CSTNode, prefix: str) -> None:
+        for child in children_of(node):
+            if isinstance(child, cst.ClassDef):
+                visit(child, f"{prefix}{child.name.value}.")
+            elif isinstance(child, cst.FunctionDef):
+                qual = f"{prefix}{child.name.value}"
+                occurrence = seen.get(qual, 0)
+                seen[qual] = occurrence + 1
+                found.append((qual, occurrence, child))
+                visit(child, f"{qual}.")
+            elif isinstance(child, _BLOCKS):
+                visit(child, prefix)
+
+    visit(module, "")
+    return found

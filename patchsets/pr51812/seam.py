@@ -1,0 +1,49 @@
+"""pr51812 through the registry's seam (imports stay inside the methods: the
+CLI imports every patchset to print its help)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gdn_backport.registry import Patchset
+
+if TYPE_CHECKING:
+    from gdn_backport.pipeline import Mode, Plan
+    from gdn_backport.site import Site
+    from gdn_backport.tree import Tree
+
+
+class Pr51812(Patchset):
+    def scan(self, tree: Tree) -> list[Site]:
+        from .plan import config_for
+        from .scan import scan_tree_full
+
+        return scan_tree_full(tree.path, config_for(tree), tree.root, tree.overlay or None).sites
+
+    def plan(self, tree: Tree, strategy: str, mode: Mode) -> Plan:
+        from .plan import plan
+
+        return plan(tree, strategy, mode)
+
+    def suite(self) -> Any:
+        from .suite import LAYER_SUITE
+
+        return LAYER_SUITE
+
+    def engine_scenarios(self) -> Sequence[Any]:
+        return ()
+
+    def doctor_rows(self, package: Path, root: Path) -> list[Any]:
+        from .runtime.doctor import rows
+
+        return rows(package, root)
+
+    def doctor_hint(self) -> str:
+        return "gdn-backport apply, or the runtime plugin: VLLM_PLUGINS=gdn_backport"
+
+    def runtime_register(self) -> None:
+        from .runtime.plugin import register
+
+        register()
