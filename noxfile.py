@@ -3,7 +3,7 @@
     nox -l                                  # every session, cells included
     nox -s "cell(0.25.1-gather)"            # one cell: fetch, patch a copy, scan, verify
     nox -t affected                         # the cells of every affected release
-    nox -t pr51565                          # the cells of patchset pr51565
+    nox -t <patchset id>                    # the cells of one patchset
     nox -s matrix                           # every cell in one process, summary table
     nox --no-venv -s matrix                 # the same with this interpreter's packages
     nox -s wheel                            # build sdist + wheel, twine check, use the wheel
@@ -35,43 +35,63 @@ TORCH = os.environ.get("GDN_BACKPORT_TORCH", "torch==2.13.0")
 # block pointers (gone in triton 3.9); 3.6 is also what the GPU machines have.
 TRITON = os.environ.get("GDN_BACKPORT_TRITON", "triton==3.6.0")
 
-# The matrix and the strategies as data. The noxfile must load without the
-# package installed, so the strategy rule of gdn_backport.matrix (an affected
-# release runs every strategy of pr51812, the rest "none"; and pr51565's
-# strategy where it is affected) is restated here; tests/test_noxfile.py
-# holds both to the same cells. Tags: the patchset (`nox -t pr51565`), the
-# status (`-t affected` for pr51812, `-t pr51565-affected`), the strategy.
+# The matrix and the strategies as data: matrix/releases.toml, and each
+# patchset folder's patchset.toml and expected.toml. The noxfile must load
+# without the package installed, so it reads the same files the same way
+# (tests/test_noxfile.py holds its cells to gdn_backport.matrix's): a
+# patchset expecting a release `affected` runs each of its strategies there,
+# elsewhere its [matrix] `unaffected` cells. Tags: the patchset (`nox -t
+# <id>`), the status (plain for the first patchset: `nox -t affected`;
+# `<id>-<status>` for the others), the strategy.
 ROOT = Path(__file__).resolve().parent
 MATRIX = nox.project.load_toml(ROOT / "matrix" / "releases.toml")
-PATCHSET = nox.project.load_toml(ROOT / "patchsets" / "pr51812.toml")
-SPLIT = nox.project.load_toml(ROOT / "patchsets" / "pr51565.toml")
+
+
+def _patchsets() -> list[tuple[dict[str, object], dict[str, dict[str, object]]]]:
+    """(patchset.toml, version -> expectation) of every patchset, in order."""
+    found = []
+    for folder in sorted((ROOT / "patchsets").iterdir()):
+        if not (folder / "patchset.toml").is_file():
+            continue
+        info = nox.project.load_toml(folder / "patchset.toml")
+        expected = folder / "expected.toml"
+        rows = nox.project.load_toml(expected)["release"] if expected.is_file() else []
+        found.append((info, {str(r["version"]): r for r in rows}))
+    return sorted(found, key=lambda p: (p[0].get("order", 100), p[0]["id"]))
+
+
+PATCHSETS = _patchsets()
 
 
 def _cells() -> list[nox.param]:
     params = []
     for r in MATRIX["release"]:
-        own = PATCHSET["strategies"] if r["status"] == "affected" else ["none"]
-        cells = [(s, PATCHSET["id"], r["status"]) for s in own]
-        split = r.get(SPLIT["id"], {}).get("status")
-        if split == "affected":
-            cells += [(s, SPLIT["id"], split) for s in SPLIT["strategies"]]
-        for s, patchset, status in cells:
-            # wheel_only releases (0.15.x, ~500 MB wheels) run only when named.
-            tags = (
-                ["wheel-only"]
-                if r.get("wheel_only")
-                # pr51812's status tags stay plain (`nox -t affected`).
-                else [
-                    "cells",
-                    "gpu",
-                    patchset,
-                    status if patchset == PATCHSET["id"] else f"{patchset}-{status}",
-                    s,
-                ]
+        for rank, (info, expected) in enumerate(PATCHSETS):
+            exp = expected.get(r["version"])
+            if exp is None:
+                continue
+            status = exp["status"]
+            affected = status == "affected"
+            chosen = (
+                info["strategies"] if affected else info.get("matrix", {}).get("unaffected", [])
             )
-            params.append(nox.param(r["version"], s, id=f"{r['version']}-{s}", tags=tags))
+            for s in chosen:
+                # wheel_only releases (0.15.x, ~500 MB wheels) run only when named.
+                tags = (
+                    ["wheel-only"]
+                    if r.get("wheel_only")
+                    else [
+                        "cells",
+                        "gpu",
+                        info["id"],
+                        status if rank == 0 else f"{info['id']}-{status}",
+                        s,
+                    ]
+                )
+                params.append(nox.param(r["version"], s, id=f"{r['version']}-{s}", tags=tags))
+    defaults = [info["strategies"][0] for info, _ in PATCHSETS]
     for t in MATRIX.get("tree", []):
-        for s in t.get("strategies", ["gather"]):
+        for s in t.get("strategies", defaults):
             params.append(nox.param(t["name"], s, id=f"{t['name']}-{s}", tags=["tree", "gpu", s]))
     return params
 
@@ -143,7 +163,7 @@ def lint(session: nox.Session) -> None:
     install(session, "dev")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
-    session.run("mypy", "gdn_backport", "kernels/gdn_backport_kernels")
+    session.run("mypy", "gdn_backport", "kernels/gdn_backport_kernels", "patchsets")
 
 
 @nox.session(default=False)
@@ -186,13 +206,13 @@ def wheel(session: nox.Session) -> None:
     # Outside the checkout: nothing may be imported from the source tree.
     session.chdir(tmp)
     shutil.copy(ROOT / ".ci" / "installed_wheel.py", tmp)
-    session.run(python, "installed_wheel.py", external=True)
+    session.run(python, "installed_wheel.py", *(i["id"] for i, _ in PATCHSETS), external=True)
     cli = str(bindir / "gdn-backport")
     # 0.25.1 is affected: scan exits 1 and names the site; the matrix check
     # compares every scan of the release with matrix/releases.toml (exit 0).
     scan = [cli, "scan", "--release", "0.25.1"]
     out = session.run(*scan, external=True, success_codes=[1], silent=True)
     if "affected" not in str(out) or "GDNAttentionMetadataBuilder.build" not in str(out):
-        # Both patchsets: the layer's spec path and the builder (pr51565).
+        # Every patchset's sites: the layer's spec path and the metadata builder.
         session.error(f"gdn-backport scan --release 0.25.1 from the wheel: {out}")
     session.run(cli, "matrix", "check", "--release", "0.25.1", external=True)

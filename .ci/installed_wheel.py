@@ -28,24 +28,24 @@ for name in ("gdn_backport", "gdn_backport_kernels"):
     if not resources.files(name).joinpath("py.typed").is_file():
         fail(f"{name} has no py.typed")
 
-for package, want in (("gdn_backport._patchsets", "pr51812.toml"),
-                      ("gdn_backport._patchsets", "pr51565.toml"),
-                      ("gdn_backport._matrix", "releases.toml")):  # fmt: skip
-    if not resources.files(package).joinpath(want).is_file():
-        fail(f"package data {package}/{want} is missing")
+if not resources.files("gdn_backport._matrix").joinpath("releases.toml").is_file():
+    fail("package data gdn_backport._matrix/releases.toml is missing")
 
-from gdn_backport import matrix
-from gdn_backport.patchsets.pr51812 import config as patchset
+from gdn_backport import matrix, registry  # noqa: E402 (after the import checks)
 
-ps = patchset.load("pr51812")
-if not ps.strategies:
-    fail("the patchset pr51812 loads with no strategies")
-if fixes.available() != ("pr51812", "pr51565"):
-    fail(f"patchsets found: {fixes.available()}")
-for fix in map(fixes.load_fix, fixes.available()):
-    # Each patchset's engine and codemods import from the wheel.
-    if not hasattr(fix.engine, "apply_tree") or not fix.describe(fix.strategies[0]):
-        fail(f"patchset {fix.id}: its engine {fix.engine_module} does not load")
+# Every patchset folder of the checkout (the ids the noxfile passes) is a
+# package of the wheel, with its data.
+shipped = registry.available()
+if sorted(shipped) != sorted(sys.argv[1:]) or not shipped:
+    fail(f"patchsets found in the wheel: {shipped}, in the checkout: {sys.argv[1:]}")
+for ps in registry.discover():
+    where = Path(resources.files(ps.package).joinpath("patchset.toml").__fspath__())
+    if site_packages not in where.resolve().parents:
+        fail(f"patchset {ps.info.id} loads from {where}, not from the installed wheel")
+    # Each patchset's codemods and plan import from the wheel.
+    if not ps.codemods() or not ps.describe(ps.info.strategies[0]):
+        fail(f"patchset {ps.info.id}: its codemods do not load")
+    importlib.import_module(f"{ps.package}.plan")
 if not matrix.load().releases:
     fail("matrix/releases.toml loads with no releases")
 
@@ -64,6 +64,6 @@ dist = md.distribution("gdn-backport")
 site = Path(str(dist.locate_file(""))).resolve()
 print(
     f"installed wheel ok: gdn-backport {dist.version} at {site},"
-    f" plugin {plugins[0].value}, patchset strategies {list(ps.strategies)},"
+    f" plugin {plugins[0].value}, patchsets {', '.join(shipped)},"
     f" {len(matrix.load().releases)} matrix releases, kernels ABI {kernels.ABI_VERSION}"
 )

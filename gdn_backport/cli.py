@@ -620,8 +620,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             raise UsageError(f"--heads {args.heads}: expected H,HV,D (three integers)") from exc
         heads = (h, hv, dim)
     chosen = [p.info.id for p in registry.selected(args.patchset)] if args.patchset else None
+    path, root = _scan_target(args)
     report = verify_tree(
-        _scan_target(args)[0],
+        root if args.installed else path,
         device=args.device,
         scenarios=args.scenario,
         heads=heads,
@@ -662,5 +663,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"gdn-backport: {exc}", file=sys.stderr)
         return 2
+    except SystemExit as exc:
+        # --help and --version: argparse exits; a caller of main() gets the code.
+        return exc.code if isinstance(exc.code, int) else 0
     except KeyboardInterrupt:
         return 130

@@ -531,9 +531,7 @@ def _revert_files(
     # restore is done: a file that cannot be analysed is just not reported).
     from gdn_backport import registry
 
-    chosen = [
-        p for p in registry.discover() if upstreams is None or p.info.upstream in upstreams
-    ]
+    chosen = [p for p in registry.discover() if upstreams is None or p.info.upstream in upstreams]
     for file, _, current, _, _ in restore:
         for ps in chosen:
             try:

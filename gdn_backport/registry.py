@@ -142,6 +142,11 @@ class Patchset:
     def runtime_register(self) -> None:
         """Called in every vLLM process by the general plugin."""
 
+    def probe(self) -> Any:
+        """What the reachability probe counts for this patchset in each GDN
+        metadata build (:class:`gdn_backport.runtime.probe.ProbeSource`), or None."""
+        return None
+
 
 @cache
 def discover() -> tuple[Patchset, ...]:

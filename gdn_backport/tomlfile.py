@@ -28,17 +28,17 @@ class Readable(Protocol):
 
 def loads(text: str, where: str) -> dict[str, Any]:
     try:
-        return tomllib.loads(text)
+        data: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{where}: not valid TOML ({exc})") from exc
+    return data
 
 
 def load(source: Path | Readable, where: str | None = None) -> dict[str, Any]:
     """A TOML document from a file (or a package resource), checked to be one."""
     where = where or str(source)
-    if isinstance(source, Path):
-        if source.exists() and not source.is_file():
-            raise UsageError(f"{where}: not a regular file")
+    if isinstance(source, Path) and source.exists() and not source.is_file():
+        raise UsageError(f"{where}: not a regular file")
     try:
         text = source.read_text(encoding="utf-8")
     except FileNotFoundError as exc:

@@ -196,6 +196,7 @@ def verify_tree(
             report.skipped.append(f"{ps.info.id}: {exc}")
         if report.error:
             return report
-    if not report.rows and not report.error and not report.skipped:
-        report.error = "no scenario of the chosen patchsets was named"
+    if not report.rows and not report.error:
+        # Nothing could be driven: the skips say why, and it is an error.
+        report.error = "; ".join(report.skipped) or "no scenario of the chosen patchsets was named"
     return report

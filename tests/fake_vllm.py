@@ -115,10 +115,13 @@ def make_site(
 
 def forget_fake() -> None:
     """Drop the fake's modules and our import hook from this process."""
+    from gdn_backport.patchsets.pr51565 import runtime as split_runtime
+    from gdn_backport.patchsets.pr51812.runtime import plugin as layer
     from gdn_backport.runtime import hook, plugin
 
-    hook.unwatch(plugin.WATCH)
-    hook.unwatch(plugin.WATCH_SPLIT)
+    hook.unwatch(layer.WATCH)
+    hook.unwatch(split_runtime.WATCH)
+    plugin.forget()
     for name in [n for n in sys.modules if n.split(".", 1)[0] in ("vllm", "vllm_fakehw")]:
         del sys.modules[name]
 

@@ -632,7 +632,7 @@ def test_huge_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
 _CHILD = r"""
 import os, sys, time
 from pathlib import Path
-from gdn_backport import atomic, cli, engine
+from gdn_backport import atomic, cli
 
 point, target, ready, tree = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
 

@@ -142,10 +142,10 @@ def test_pr51565_rows_come_from_the_files(
     """The installed 0.25.1's builder is affected by vLLM #51565 on disk (no
     runtime patch covers it); after ``apply --installed --patchset pr51565``
     doctor says the file is patched and the builder and runners are fixed."""
-    from gdn_backport import doctor, sources
+    from gdn_backport import doctor, registry, sources
 
     root = sources.copy_release("0.25.1", tmp_path / "site")
-    rows = doctor._split_rows(root / "vllm", root)
+    rows = registry.get("pr51565").doctor_rows(root / "vllm", root)
     by = {r.method: r for r in rows}
     builder = by["GDNAttentionMetadataBuilder.build"]
     assert (builder.status, builder.patchset, builder.on_disk) == (
@@ -153,10 +153,10 @@ def test_pr51565_rows_come_from_the_files(
         "pr51565",
         "no apply record",
     )
-    from gdn_backport.patchsets.pr51565 import engine
+    from gdn_backport.patchsets.pr51565 import plan as engine
 
     assert engine.apply_tree(root / "vllm", root=root).exit_code == 0
-    rows = doctor._split_rows(root / "vllm", root)
+    rows = registry.get("pr51565").doctor_rows(root / "vllm", root)
     assert {r.status for r in rows} == {"fixed"}
     assert {r.on_disk for r in rows} == {"patched by apply (reclassify)"}
     report = doctor.Report(rows=rows)

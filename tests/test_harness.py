@@ -136,7 +136,7 @@ def test_metadata_fields_follow_the_variable_into_callees() -> None:
     def resolve(node: ast.expr) -> tuple[object, bool] | None:
         return (sentinel, False) if isinstance(node, ast.Name) and node.id == "conv" else None
 
-    import gdn_backport.harness.metadata as metadata
+    import gdn_backport.patchsets.pr51812.metadata as metadata
 
     original = metadata._parse_function
     metadata._parse_function = lambda obj: callee if obj is sentinel else original(obj)  # type: ignore[assignment]

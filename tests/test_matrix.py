@@ -25,48 +25,48 @@ def test_shipped_matrix_loads() -> None:
     assert versions == sorted(versions, key=lambda v: tuple(map(int, v.split("."))))
     with_sdist = [r for r in m.releases if not r.wheel_only]
     assert len(with_sdist) == 34
-    assert sum(r.status is Status.AFFECTED for r in with_sdist) == 17
+    layer = [r.expectation("pr51812") for r in with_sdist]
+    assert sum(e is not None and e.status is Status.AFFECTED for e in layer) == 17
     assert {r.strategies for r in m.releases} == {
         ("none", "reclassify"),
         ("gather", "kernel", "reclassify"),
     }
     # pr51565: affected everywhere (0.31.0+ through the V1 runner's route),
     # refused where the metadata has no fields for a rule (before 0.20.0).
-    assert {r.split_status for r in with_sdist} == {Status.AFFECTED}
-    refused = [r.version for r in with_sdist if r.split_apply == "refuse"]
+    split = {r.version: r.expectation("pr51565") for r in with_sdist}
+    assert {e.status for e in split.values() if e} == {Status.AFFECTED}
+    refused = [v for v, e in split.items() if e and e.apply == "refuse"]
     assert refused[0] == "0.10.2" and refused[-1] == "0.19.1" and len(refused) == 15
 
 
-def test_bad_pr51565_entry_names_file_and_key() -> None:
-    row = {"version": "1.0", "path": "p", "function": "f", "status": "fixed"}
-    with pytest.raises(UsageError, match=r"key 'pr51565'.*'bad' is not a status"):
-        matrix.parse({"release": [{**row, "pr51565": {"status": "bad"}}]})
-    with pytest.raises(UsageError, match="apply must be 'patch' or 'refuse'"):
-        matrix.parse({"release": [{**row, "pr51565": {"status": "affected", "apply": "x"}}]})
+def test_bad_expectation_names_file_and_key() -> None:
+    where = "patchsets/x/expected.toml"
+    with pytest.raises(UsageError, match=r"x/expected.toml: release\[0\]: key 'status'.*'bad'"):
+        matrix.model.parse_expectations({"release": [{"version": "1.0", "status": "bad"}]}, where)
+    with pytest.raises(UsageError, match="key 'apply' must be 'patch' or 'refuse'"):
+        matrix.model.parse_expectations(
+            {"release": [{"version": "1.0", "status": "affected", "apply": "x"}]}, where
+        )
+    with pytest.raises(UsageError, match=r"release 9\.0 is not in matrix/releases\.toml"):
+        matrix.parse(
+            {"release": [{"version": "1.0"}]},
+            expectations={"x": {"9.0": matrix.Expectation(Status.FIXED)}},
+        )
 
 
 @pytest.mark.parametrize(
     ("doc", "message"),
     [
         ({}, "no \\[\\[release\\]\\] tables"),
-        ({"release": [{"version": "1.0", "path": "p", "function": "f"}]}, "key 'status'"),
-        (
-            {"release": [{"version": "x.y", "path": "p", "function": "f", "status": "fixed"}]},
-            "key 'version'",
-        ),
-        (
-            {"release": [{"version": "1.0", "path": "p", "function": "f", "status": "broken"}]},
-            "'broken' is not a status",
-        ),
-        (
-            {"release": [{"version": "1.0", "path": "p", "function": "f", "status": "fixed"}] * 2},
-            "listed twice",
-        ),
+        ({"release": [{"path": "p"}]}, "missing key 'version'"),
+        ({"release": [{"version": "x.y"}]}, "key 'version'"),
+        ({"release": [{"version": "1.0", "wheel_only": "yes"}]}, "key 'wheel_only'"),
+        ({"release": [{"version": "1.0"}] * 2}, "listed twice"),
     ],
 )
 def test_bad_matrix_names_file_and_key(doc: dict[str, object], message: str) -> None:
     with pytest.raises(UsageError, match=f"matrix/releases.toml: .*{message}"):
-        matrix.parse(doc)
+        matrix.parse(doc, expectations={})
 
 
 def _site(path: str, function: str, status: Status) -> Site:
@@ -74,19 +74,31 @@ def _site(path: str, function: str, status: Status) -> Site:
 
 
 def test_check_flags_wrong_status_missing_site_and_surprising_others() -> None:
-    release = matrix.Release("1.0", "a.py", "L._forward_core", Status.AFFECTED)
-    assert matrix.check(release, [_site("a.py", "L._forward_core", Status.AFFECTED)]).ok
-    wrong = matrix.check(release, [_site("a.py", "L._forward_core", Status.FIXED)])
-    assert not wrong.ok and "expected affected" in wrong.problems[0]
-    assert not matrix.check(release, []).ok
-    other = matrix.check(
-        release,
+    expected = matrix.Expectation(Status.AFFECTED, "a.py", "L._forward_core")
+    assert matrix.check_sites(expected, [_site("a.py", "L._forward_core", Status.AFFECTED)]) == (
+        Status.AFFECTED,
+        [],
+    )
+    _, wrong = matrix.check_sites(expected, [_site("a.py", "L._forward_core", Status.FIXED)])
+    assert wrong and "expected affected" in wrong[0]
+    assert matrix.check_sites(expected, [])[1]
+    _, other = matrix.check_sites(
+        expected,
         [
             _site("a.py", "L._forward_core", Status.AFFECTED),
             _site("olmo.py", "O._forward_core", Status.UNKNOWN),
         ],
     )
-    assert not other.ok and "unexpected unknown" in other.problems[0]
+    assert other and "unexpected unknown" in other[0]
+
+
+def test_check_without_a_site_judges_the_worst() -> None:
+    expected = matrix.Expectation(Status.AFFECTED)
+    sites = [_site("b.py", "B.build", Status.AFFECTED), _site("r.py", "R.run", Status.FIXED)]
+    assert matrix.check_sites(expected, sites) == (Status.AFFECTED, [])
+    found, problems = matrix.check_sites(expected, sites[1:])
+    assert found is Status.FIXED and problems == ["expected affected, scan says fixed"]
+    assert matrix.check_sites(expected, [])[1] == ["expected affected, scan says no site"]
 
 
 # -- cells -----------------------------------------------------------------------
@@ -123,7 +135,7 @@ def test_cells_of_the_shipped_matrix() -> None:
 def test_cell_ids_name_exact_cells_even_off_the_matrix() -> None:
     m = matrix.load()
     (mutation,) = matrix.cells(m, ids=["0.25.1-none"])
-    assert mutation.release is not None and mutation.release.status is Status.AFFECTED
+    assert mutation.expectation is not None and mutation.expectation.status is Status.AFFECTED
     assert mutation.strategy == "none"
     for bad, message in [
         ("0.25.1-sideways", "expected <release or tree>-"),
@@ -139,19 +151,26 @@ def test_cell_ids_name_exact_cells_even_off_the_matrix() -> None:
 
 
 def test_tree_entries_and_adhoc_trees(tmp_path: Path) -> None:
-    base = {"release": [{"version": "1.0", "path": "p", "function": "f", "status": "fixed"}]}
+    base = {"release": [{"version": "1.0"}]}
+    layer = {"pr51812": {"1.0": matrix.Expectation(Status.FIXED, "p", "f")}}
     doc = {**base, "tree": [{"name": "fork", "path": "~/fork", "strategies": ["gather", "kernel"]}]}
-    m = matrix.parse(doc)
+    m = matrix.parse(doc, expectations=layer)
     assert m.trees == (matrix.Tree("fork", "~/fork", "", ("gather", "kernel")),)
     assert [c.id for c in matrix.cells(m)] == ["1.0-none", "fork-gather", "fork-kernel"]
     assert matrix.cells(m, ids=["fork-kernel"])[0].selector() == ["--cell", "fork-kernel"]
-    # An adhoc --tree runs alone, with the strategies asked for (default gather).
-    (tmp_path / "my-fork").mkdir()
+    # An adhoc --tree runs alone, with the strategies asked for (default:
+    # every patchset's default strategy).
+    (tmp_path / "my-fork" / "vllm").mkdir(parents=True)
+    (tmp_path / "my-fork" / "vllm" / "__init__.py").write_text("")
     adhoc = matrix.adhoc_tree(tmp_path / "my-fork", ref="main")
-    (only,) = matrix.cells(m, trees=[adhoc])
-    assert only.id == "my-fork-gather" and only.adhoc
+    cells = matrix.cells(m, trees=[adhoc])
+    assert [c.id for c in cells] == ["my-fork-gather", "my-fork-reclassify"]
+    only = cells[0]
+    assert only.adhoc
     assert only.selector() == ["--tree", str(tmp_path / "my-fork"), "--ref", "main",
                                "--cell", "my-fork-gather"]  # fmt: skip
+    with pytest.raises(UsageError, match="no such file or directory"):
+        matrix.adhoc_tree(tmp_path / "missing")
     for tree, message in [
         ({"name": "1x", "path": "p"}, "key 'name'"),
         ({"name": "a", "path": ""}, "key 'path'"),
@@ -162,26 +181,20 @@ def test_tree_entries_and_adhoc_trees(tmp_path: Path) -> None:
         ({"name": "a", "path": "p", "ref": 3}, "key 'ref'"),
     ]:
         with pytest.raises(UsageError, match=r"matrix/releases.toml: tree\[0\]: " + message):
-            matrix.parse({**base, "tree": [tree]})
+            matrix.parse({**base, "tree": [tree]}, expectations=layer)
 
 
-_SKIPPED = {
-    "version": "0.9.0",
-    "path": "p",
-    "function": "f",
-    "status": "not_affected",
-    "skip_verify": "harness cannot drive this layout",
-}
+_SKIPPED = {"version": "0.9.0", "skip_verify": "harness cannot drive this layout"}
 
 
 def test_skip_verify_is_data() -> None:
     # The harness drives every release of the matrix (both layouts).
     assert not [r.version for r in matrix.load().releases if r.skip_verify]
-    (release,) = matrix.parse({"release": [_SKIPPED]}).releases
+    (release,) = matrix.parse({"release": [_SKIPPED]}, expectations={}).releases
     assert release.skip_verify == "harness cannot drive this layout"
     bad = {**_SKIPPED, "skip_verify": 1}
     with pytest.raises(UsageError, match="key 'skip_verify'"):
-        matrix.parse({"release": [bad]})
+        matrix.parse({"release": [bad]}, expectations={})
 
 
 def test_tree_at_a_git_ref_is_read_from_git_not_the_working_copy(
@@ -233,7 +246,8 @@ def test_unpatched_must_fail_its_mixed_scenarios_and_pass_the_others() -> None:
 def test_harness_refusal_is_a_skip_only_where_the_matrix_says_so() -> None:
     runner = matrix.CellRunner(matrix.RunOptions())
     refused = matrix.Verified("unpatched", _report(error="no _forward_core"), frozenset(), 1.0)
-    skipped = matrix.cells(matrix.parse({"release": [_SKIPPED]}))[0]
+    layer = {"pr51812": {"0.9.0": matrix.Expectation(Status.NOT_AFFECTED, "p", "f")}}
+    skipped = matrix.cells(matrix.parse({"release": [_SKIPPED]}, expectations=layer))[0]
     (skip,) = runner._verify_checks(skipped, refused)
     assert skip.ok and "harness cannot drive this layout" in skip.skipped
     res = matrix.CellResult(skipped, [skip])
@@ -340,7 +354,7 @@ def test_fork_tree_cell_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFi
     fork = tmp_path / "fork"
     shutil.copytree(sources.release_tree("0.21.0") / "vllm", fork / "vllm")
     results = tmp_path / "results"
-    code = main(["matrix", "run", "--tree", str(fork), "--device", "cpu",
+    code = main(["matrix", "run", "--tree", str(fork), "--device", "cpu", "--strategy", "gather",
                  "--scenario", "pr_layout", "--results", str(results)])  # fmt: skip
     out = capsys.readouterr()
     assert code == 0, out.out + out.err

@@ -17,6 +17,7 @@ import pytest
 
 from gdn_backport import matrix
 from gdn_backport.cli import build_parser, main
+from gdn_backport.errors import UsageError
 from gdn_backport.matrix import export
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -92,9 +93,16 @@ def test_github_matrix_selection_and_trees(tmp_path: Path) -> None:
         ]
     }
     fork = matrix.adhoc_tree(tmp_path, ref="main")
-    (entry,) = export.github_matrix(matrix.cells(m, trees=[fork]))["include"]
-    assert entry == {"id": f"{fork.name}-gather", "strategy": "gather", "tree": str(tmp_path),
-                     "ref": "main"}  # fmt: skip
+    gather, reclassify = export.github_matrix(matrix.cells(m, trees=[fork]))["include"]
+    assert gather == {"id": f"{fork.name}-gather", "strategy": "gather", "tree": str(tmp_path),
+                      "ref": "main"}  # fmt: skip
+    # Every patchset's default strategy: a fork's CI gets pr51565 too (D4).
+    assert reclassify["strategy"] == "reclassify" and reclassify["tree"] == str(tmp_path)
+    # A tree that is not there is a usage error, not an empty document.
+    with pytest.raises(UsageError, match="no such directory"):
+        matrix.adhoc_tree(tmp_path / "missing", ref="main")
+    with pytest.raises(UsageError, match="no such file or directory"):
+        matrix.adhoc_tree(tmp_path / "missing")
 
 
 @pytest.mark.parametrize(
@@ -270,6 +278,8 @@ def test_docs_github_cell_step_runs_what_the_plan_emits(tmp_path: Path, kind: st
         cells = matrix.cells(matrix.load(), ["0.25.1"], ["gather"], None, trees)
     else:
         fork = tmp_path / "my-fork"
+        (fork / "vllm").mkdir(parents=True)
+        (fork / "vllm" / "__init__.py").write_text("")
         trees = [matrix.adhoc_tree(fork, "release/2.3" if kind == "tree-at-ref" else "")]
         cells = matrix.cells(matrix.load(), None, ["gather"], None, trees)
     [entry] = export.github_matrix(cells)["include"]

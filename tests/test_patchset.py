@@ -1,4 +1,4 @@
-"""patchsets/*.toml: loading and validation."""
+"""patchsets/pr51812/patchset.toml: loading and validation."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _raw() -> dict[str, object]:
         import tomllib
     else:
         import tomli as tomllib
-    text = resources.files("gdn_backport._patchsets").joinpath("pr51812.toml").read_text()
+    text = resources.files("gdn_backport.patchsets.pr51812").joinpath("patchset.toml").read_text()
     return tomllib.loads(text)
 
 
@@ -45,8 +45,8 @@ def _raw() -> dict[str, object]:
 def test_bad_patchset_names_file_and_key(mutate, message: str) -> None:  # type: ignore[no-untyped-def]
     data = _raw()
     mutate(data)
-    with pytest.raises(UsageError, match=f"pr51812.toml: .*{message}"):
-        parse(data, "patchsets/pr51812.toml")
+    with pytest.raises(UsageError, match=f"pr51812/patchset.toml: .*{message}"):
+        parse(data, "patchsets/pr51812/patchset.toml")
 
 
 def test_row_gather_table() -> None:
@@ -54,7 +54,7 @@ def test_row_gather_table() -> None:
     data = _raw()
     data["row_gather"] = {"names": ["x y"], "params": ["x", "index"]}  # type: ignore[index]
     with pytest.raises(UsageError, match="row_gather: key 'names' must list dotted names"):
-        parse(data, "patchsets/pr51812.toml")
+        parse(data, "patchsets/pr51812/patchset.toml")
     data["row_gather"] = {"names": ["m.f"], "params": ["index", "x"]}  # type: ignore[index]
     with pytest.raises(UsageError, match="row_gather: params must be"):
-        parse(data, "patchsets/pr51812.toml")
+        parse(data, "patchsets/pr51812/patchset.toml")

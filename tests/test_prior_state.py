@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gdn_backport.patchsets.pr51565 import engine
+from gdn_backport.patchsets.pr51565 import plan as engine
 from gdn_backport.patchsets.pr51565.analysis import analyse_module, settle
 from gdn_backport.patchsets.pr51565.config import load
 from gdn_backport.pipeline import Mode, revert_tree
@@ -564,7 +564,7 @@ def test_both_patchsets_applied_pass_both_suites(tmp_path: Path) -> None:
     root = sources.copy_release("0.27.1", tmp_path / "tree")
     pristine = sources.release_tree("0.27.1")
     results = apply_fixes(root, selected(None))
-    written = {fix.id: sorted(out.written) for fix, out in results}
+    written = {fix.info.id: sorted(out.written) for fix, out in results}
     assert written == {
         "pr51812": ["vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py"],
         "pr51565": [

@@ -15,9 +15,12 @@ from typing import Any
 
 import pytest
 
+from gdn_backport.patchsets.pr51565 import runtime as split_runtime
 from gdn_backport.patchsets.pr51812.codemods.gather_gates import GatherGatesCodemod
+from gdn_backport.patchsets.pr51812.runtime import live
+from gdn_backport.patchsets.pr51812.runtime import plugin as layer
 from gdn_backport.patchsets.pr51812.runtime.live import MARKER
-from gdn_backport.runtime import hook, live, plugin
+from gdn_backport.runtime import hook, plugin
 from tests.fake_vllm import AFFECTED, FIXED, make_site
 
 if sys.version_info >= (3, 11):
@@ -47,8 +50,8 @@ def _method() -> Any:
 def _heavy(code: str, path: str) -> list[str]:
     probe = (
         f"import sys\n{code}\n"
-        "print(sorted(m for m in ('torch', 'libcst', 'vllm', 'gdn_backport.analysis') "
-        "if m in sys.modules))"
+        "heavy = ('torch', 'libcst', 'vllm', 'gdn_backport.patchsets.pr51812.analysis')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))"
     )
     env = {"PYTHONPATH": path, "PATH": "/usr/bin:/bin"}
     out = subprocess.run(
@@ -74,7 +77,10 @@ def test_entry_point_is_declared() -> None:
     doc = tomllib.loads((REPO / "pyproject.toml").read_text())
     group = doc["project"]["entry-points"]["vllm.general_plugins"]
     assert group == {"gdn_backport": "gdn_backport.runtime.plugin:register"}
-    assert "gdn_backport.runtime" in doc["tool"]["setuptools"]["packages"]
+    from setuptools import find_packages
+
+    # setup.py ships every gdn_backport package it finds: the plugin's too.
+    assert "gdn_backport.runtime" in find_packages(str(REPO), include=["gdn_backport.*"])
 
 
 def test_affected_module_imported_later_is_patched_on_import(
@@ -114,7 +120,7 @@ def test_second_register_changes_nothing(fake: Any, caplog: pytest.LogCaptureFix
     assert _method() is first
     assert sum(isinstance(f, hook.PostImportFinder) for f in sys.meta_path) == 1
     watches = list(hook.installed().watches)  # type: ignore[union-attr]
-    assert watches == [plugin.WATCH, plugin.WATCH_SPLIT]
+    assert watches == [layer.WATCH, split_runtime.WATCH]
     assert not [r for r in caplog.records if "patched" in r.getMessage()]
 
 
@@ -239,7 +245,7 @@ def test_suite_passes_on_the_plugin_patched_class_of_a_release(version: str) -> 
     after = verify_tree(
         tree,
         scenarios=["pr_layout", "production"],
-        patch=lambda module: patched.extend(plugin.patch_module(module)),
+        patch=lambda module: patched.extend(layer.patch_module(module)),
     )
     assert after.passed, after.table()
     qwen = [m for m in patched if m.name == "_forward_core" and m.ours is not None]

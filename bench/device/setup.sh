@@ -3,7 +3,7 @@
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || return 1
 export PYTHONPATH=/tmp/site
-if ! python3 -c "import gdn_backport_kernels, gdn_backport._patchsets" 2>/dev/null; then
+if ! python3 -c "import gdn_backport_kernels, gdn_backport.patchsets" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /tmp/install.log 2>&1 || { tail /tmp/install.log; return 1; }
 fi
 mkdir -p /tmp/cache && [ -d /tmp/cache/trees/0.33.0 ] || tar xJf .gpu/trees.tar.xz -C /tmp/cache

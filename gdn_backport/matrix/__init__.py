@@ -19,7 +19,15 @@ The names below are the package's API; the modules hold the rest.
 
 from __future__ import annotations
 
-from gdn_backport.matrix.check import Found, Result, check_sites, render, roundtrip, run, scan_release
+from gdn_backport.matrix.check import (
+    Found,
+    Result,
+    check_sites,
+    render,
+    roundtrip,
+    run,
+    scan_release,
+)
 from gdn_backport.matrix.model import (
     GPU_HEADS,
     WHERE,
@@ -29,10 +37,10 @@ from gdn_backport.matrix.model import (
     Release,
     Tree,
     adhoc_tree,
+    all_strategies,
     cells,
     load,
     parse,
-    strategies,
 )
 from gdn_backport.matrix.results import (
     ProgressLine,
@@ -64,6 +72,7 @@ __all__ = [
     "CellRunner",
     "Check",
     "Expectation",
+    "Found",
     "Matrix",
     "ProgressLine",
     "Release",
@@ -72,8 +81,8 @@ __all__ = [
     "Tree",
     "Verified",
     "adhoc_tree",
+    "all_strategies",
     "cells",
-    "Found",
     "check_sites",
     "default_scenarios",
     "environment",
@@ -91,6 +100,5 @@ __all__ = [
     "run",
     "run_cells",
     "scan_release",
-    "strategies",
     "write_results",
 ]

@@ -27,7 +27,7 @@ GPU_HEADS = (16, 32, 128)
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 
 
-def strategies() -> tuple[str, ...]:
+def all_strategies() -> tuple[str, ...]:
     """Every cell strategy: the patchsets' own, and their ``unaffected`` cells
     (``none``: a release verified as shipped)."""
     out: list[str] = []
@@ -107,7 +107,7 @@ class Matrix:
 
 
 def _strategies(value: object, at: str) -> tuple[str, ...]:
-    known = strategies()
+    known = all_strategies()
     if not isinstance(value, list) or not value or not all(isinstance(s, str) for s in value):
         raise UsageError(f"{at}: key 'strategies' must be a list of strategy names")
     for s in value:
@@ -118,7 +118,7 @@ def _strategies(value: object, at: str) -> tuple[str, ...]:
 
 def _parse_trees(data: dict[str, object], where: str) -> tuple[Tree, ...]:
     trees: list[Tree] = []
-    for i, e in enumerate(tomlfile.tables(data, "tree", where)):  # type: ignore[arg-type]
+    for i, e in enumerate(tomlfile.tables(data, "tree", where)):
         at = f"{where}: tree[{i}]"
         name, path = tomlfile.text(e, "name", at), tomlfile.text(e, "path", at)
         if not _NAME.match(name):
@@ -141,7 +141,7 @@ def _status(value: object, at: str) -> Status:
 def parse_expectations(data: dict[str, object], where: str) -> dict[str, Expectation]:
     """A patchset's ``expected.toml``: version -> expectation."""
     out: dict[str, Expectation] = {}
-    for i, e in enumerate(tomlfile.tables(data, "release", where)):  # type: ignore[arg-type]
+    for i, e in enumerate(tomlfile.tables(data, "release", where)):
         at = f"{where}: release[{i}]"
         version = _version(tomlfile.text(e, "version", at), at)
         if version in out:
@@ -172,7 +172,7 @@ def parse(
     """``expectations``: patchset id -> version -> expectation (default: the
     patchsets' own ``expected.toml`` files)."""
     expectations = load_expectations() if expectations is None else expectations
-    entries = tomlfile.tables(data, "release", where)  # type: ignore[arg-type]
+    entries = tomlfile.tables(data, "release", where)
     if not entries:
         raise UsageError(f"{where}: no [[release]] tables")
     releases: list[Release] = []
@@ -184,9 +184,7 @@ def parse(
         skip = tomlfile.get(e, "skip_verify", str, at, default="")
         expected = {ps: exp[version] for ps, exp in expectations.items() if version in exp}
         releases.append(
-            Release(
-                version, tomlfile.get(e, "wheel_only", bool, at, default=False), skip, expected
-            )  # fmt: skip
+            Release(version, tomlfile.get(e, "wheel_only", bool, at, default=False), skip, expected)
         )
     listed = {r.version for r in releases}
     for ps, exp in expectations.items():
@@ -259,11 +257,16 @@ class Cell:
 
 
 def adhoc_tree(path: Path, ref: str = "") -> Tree:
-    """A ``--tree PATH`` target, named after its directory (which must be a
-    folder holding ``vllm/``: a CI document for a missing tree is a usage error)."""
+    """A ``--tree PATH`` target, named after its directory: a folder holding
+    ``vllm/``, or with ``ref`` one in a git work tree (read at that ref). A
+    missing folder is a usage error: a CI document for it would run nothing."""
     from gdn_backport.tree import check_vllm_tree
 
-    check_vllm_tree(path)
+    if ref:
+        if not path.is_dir():
+            raise UsageError(f"{path}: no such directory (--tree)")
+    else:
+        check_vllm_tree(path)
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", path.resolve().name)
     if not _NAME.match(name):
         name = f"tree-{name}".rstrip("-")
@@ -271,7 +274,7 @@ def adhoc_tree(path: Path, ref: str = "") -> Tree:
 
 
 def _cell_by_id(cell_id: str, matrix: Matrix, trees: Sequence[Tree]) -> Cell:
-    known = strategies()
+    known = all_strategies()
     target, _, strategy = cell_id.rpartition("-")
     if strategy not in known or not target:
         raise UsageError(f"--cell {cell_id}: expected <release or tree>-<{'|'.join(known)}>")
@@ -294,7 +297,7 @@ def _cell_by_id(cell_id: str, matrix: Matrix, trees: Sequence[Tree]) -> Cell:
 def cells(
     matrix: Matrix,
     releases: Sequence[str] | None = None,
-    strategies_: Sequence[str] | None = None,
+    strategies: Sequence[str] | None = None,
     ids: Sequence[str] | None = None,
     trees: Sequence[Tree] = (),
     include_wheel_only: bool = False,
@@ -306,11 +309,11 @@ def cells(
     every release's cells (``wheel_only`` releases only when named in
     ``releases`` or with ``include_wheel_only``) and the matrix's
     ``[[tree]]`` entries, or only the named ``releases`` and ``trees``;
-    ``strategies_`` keeps the release cells of those strategies and sets the
+    ``strategies`` keeps the release cells of those strategies and sets the
     strategies of the trees.
     """
-    known = strategies()
-    for s in strategies_ or ():
+    known = all_strategies()
+    for s in strategies or ():
         if s not in known:
             raise UsageError(f"--strategy {s}: choose from {', '.join(known)}")
     if ids:
@@ -335,10 +338,10 @@ def cells(
             continue
         if not named and (not everything or (r.wheel_only and not include_wheel_only)):
             continue
-        out += [Cell(s, release=r) for s in r.strategies if not strategies_ or s in strategies_]
+        out += [Cell(s, release=r) for s in r.strategies if not strategies or s in strategies]
     extra = [(t, True) for t in trees] + [(t, False) for t in matrix.trees if everything]
     for t, adhoc in extra:
-        out += [Cell(s, tree=t, adhoc=adhoc) for s in (strategies_ or t.cell_strategies())]
+        out += [Cell(s, tree=t, adhoc=adhoc) for s in (strategies or t.cell_strategies())]
     ids_seen = [c.id for c in out]
     dup = sorted({i for i in ids_seen if ids_seen.count(i) > 1})
     if dup:

@@ -58,13 +58,12 @@ class RunOptions:
     workdir: Path | None = None  # where patched copies live while a cell runs
 
     def scenarios_of(self, patchset: str) -> tuple[str, ...]:
-        """The scenarios a cell of ``patchset`` runs: ``--scenario`` names
-        (those of its suite), else its defaults."""
-        if not self.scenarios:
-            return default_scenarios(self.device, patchset)
+        """The scenarios a cell of ``patchset`` runs: the ``--scenario``
+        names of its suite, else (none given, or none of its) its defaults."""
         suite = registry.get(patchset).suite()
         names = set(suite.names) if suite is not None else set()
-        return tuple(n for n in self.scenarios if n in names)
+        mine = tuple(n for n in self.scenarios if n in names)
+        return mine or default_scenarios(self.device, patchset)
 
     def scenario_names(self, patchsets: Iterable[str] = ()) -> list[str]:
         """The scenario names of a run, for its first line (each patchset's

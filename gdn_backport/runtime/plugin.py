@@ -58,3 +58,8 @@ def register() -> None:
 def loaded() -> bool:
     """Whether :func:`register` ran in this process."""
     return bool(_REGISTERED)
+
+
+def forget() -> None:
+    """Forget that :func:`register` ran (tests drop a fake vLLM this way)."""
+    _REGISTERED.clear()

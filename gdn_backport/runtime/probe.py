@@ -1,20 +1,17 @@
-"""Opt-in reachability probe: does this deployment's traffic trigger the bug?
+"""Opt-in reachability probe: does this deployment's traffic trigger the bugs?
 
 With ``GDN_BACKPORT_PROBE=1`` (and the ``gdn_backport`` general plugin
 loaded), :func:`install_from_env` wraps
 ``vllm.v1.attention.backends.gdn_attn.GDNAttentionMetadataBuilder.build``.
-Every build is counted; a build is *mixed* when the builder took its gather
-branch (spec rows and non-spec rows with tokens in one batch), and
-*spec-not-prefix* when, in addition, some non-spec token comes before a spec
-token, so the gathered ``spec_token_indx`` is not ``0..n-1``: exactly the
-batches where an affected release hands the spec kernel other tokens' gates.
+Every build is counted, and each patchset's events
+(``Patchset.probe_events()``: the batches where its bug is triggered, e.g.
+spec rows behind a non-spec token) are counted per build.
 
-Only host data is read: the ``int`` counts of the returned metadata
-(``num_spec_decodes``, ``num_prefills``, ``num_decodes``) and the CPU tensors
-``common_attn_metadata.query_start_loc_cpu`` and
-``num_decode_draft_tokens_cpu``, through ``Tensor.numpy()``, which refuses a
-device tensor rather than copying it: a probe that touched one would fail
-(and be counted as a probe error), never synchronise.
+Only host data is read: the ``int`` counts of the returned metadata and the
+CPU tensors of ``common_attn_metadata`` and ``num_decode_draft_tokens_cpu``,
+through ``Tensor.numpy()`` (:func:`host_list`), which refuses a device tensor
+rather than copying it: a probe that touched one would fail (and be counted
+as a probe error), never synchronise.
 
 The wrapper returns the builder's own result, untouched, whatever the probe
 does; the builder's exceptions pass through unchanged.
@@ -26,10 +23,8 @@ their own ``.numpy()``).
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import functools
 import inspect
-import itertools
 import json
 import logging
 import os
@@ -37,8 +32,8 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gdn_backport.runtime import hook
@@ -47,11 +42,15 @@ __all__ = [
     "BUILDER_CLASS",
     "BUILDER_MODULE",
     "PROBE",
-    "Layout",
     "Probe",
     "ProbeCounts",
-    "classify",
+    "ProbeEvent",
+    "ProbeSource",
+    "events",
+    "host_field",
+    "host_list",
     "install_from_env",
+    "sources",
     "uninstall",
     "unwrap_builder",
     "wrap_builder",
@@ -73,70 +72,11 @@ logger = logging.getLogger("gdn_backport.probe")
 
 
 # --------------------------------------------------------------------------
-# Classification (host data only)
+# Host data (what every patchset's events read)
 # --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Layout:
-    """What one build's batch looks like to the GDN layer."""
-
-    mixed: bool  # spec rows and non-spec tokens together: the gather branch
-    spec_not_prefix: bool  # a non-spec token precedes a spec token
-    # vLLM #51565: a row with no prior state (a new request's first chunk)
-    # that the builder classified as a decode (it reads a recycled slot).
-    new_row_decode: bool = False
-
-
-_NOT_MIXED = Layout(mixed=False, spec_not_prefix=False)
-
-
-def _host_field(metadata: Any, *names: str) -> list[int] | None:
-    """The first of ``names`` the metadata holds as host data (its instance
-    fields only: a property might compute from a device tensor)."""
-    fields = getattr(metadata, "__dict__", {})
-    for name in names:
-        value = fields.get(name)
-        if value is not None:
-            return _host_list(value)
-    return None
-
-
-def new_row_decodes(metadata: Any, result: Any, drafts: Any) -> bool:
-    """Whether the build classified a row without prior state as a decode.
-
-    No prior state: ``seq_lens_cpu_upper_bound <= query_len`` (0.20 on), or
-    no computed tokens (older fields), and still prefilling where the
-    metadata says (``is_prefilling``, 0.19 on: capture dummies are not;
-    before it they count too, at start-up only). Decodes: the first
-    ``num_decodes`` rows without spec rows; beside spec rows the one-token
-    non-spec rows where the builder still reports decodes (before 0.18)."""
-    decodes = getattr(result, "num_decodes", None)
-    spec = getattr(result, "num_spec_decodes", 0)
-    if not isinstance(decodes, int) or decodes <= 0:
-        return False
-    starts = _host_list(metadata.query_start_loc_cpu)
-    lens = [b - a for a, b in itertools.pairwise(starts)]
-    upper = _host_field(metadata, "seq_lens_cpu_upper_bound")
-    if upper is not None:
-        fresh = [u <= q for u, q in zip(upper, lens, strict=False)]
-    else:
-        computed = _host_field(metadata, "num_computed_tokens_cpu", "_num_computed_tokens_cpu")
-        if computed is None:
-            return False  # a fork's metadata without these fields: not counted
-        fresh = [c == 0 for c in computed]
-    prefilling = _host_field(metadata, "is_prefilling")
-    if prefilling is not None:
-        fresh = [f and bool(p) for f, p in zip(fresh, prefilling, strict=False)]
-    if isinstance(spec, int) and spec > 0:
-        marks = _host_list(drafts) if drafts is not None else []
-        rows = [i for i, d in enumerate(marks) if d < 0 and lens[i] == 1]
-    else:
-        rows = list(range(min(decodes, len(lens))))
-    return any(lens[i] > 0 and fresh[i] for i in rows if i < len(fresh))
-
-
-def _host_list(values: Any) -> list[int]:
+def host_list(values: Any) -> list[int]:
     """A CPU tensor, numpy array or sequence as a list of ints. A torch tensor
     goes through ``.numpy()``, which refuses a device tensor instead of
     copying it to the host (``.tolist()`` would copy and synchronise)."""
@@ -147,46 +87,14 @@ def _host_list(values: Any) -> list[int]:
     return list(tolist() if tolist is not None else values)
 
 
-def classify(query_start_loc_cpu: Any, num_decode_draft_tokens_cpu: Any) -> Layout:
-    """Classify a batch whose spec rows are ``num_decode_draft_tokens_cpu >= 0``.
-
-    Mirrors the builder's gather branch: spec rows are those with a draft
-    count ``>= 0``; non-spec rows without tokens (padding) do not count; the
-    builder gathers spec tokens in row order (a stable argsort of the token
-    mask), so ``spec_token_indx`` is ``0..n-1`` iff no non-spec token precedes
-    a spec token. Accepts CPU tensors, numpy arrays or sequences; a device
-    tensor raises instead of being read.
-    """
-    starts = _host_list(query_start_loc_cpu)
-    drafts = _host_list(num_decode_draft_tokens_cpu)
-    if len(starts) != len(drafts) + 1:
-        raise ValueError(
-            f"{len(starts) - 1} rows in query_start_loc_cpu, "
-            f"{len(drafts)} in num_decode_draft_tokens_cpu"
-        )
-    # A plain loop: batches are at most a few hundred rows, and numpy's
-    # per-call overhead would cost more than the loop (bench/bench_probe.py).
-    any_spec = nonspec_seen = False
-    for row, draft in enumerate(drafts):
-        tokens = starts[row + 1] - starts[row]
-        if draft >= 0:
-            if nonspec_seen and tokens > 0:
-                return Layout(mixed=True, spec_not_prefix=True)
-            any_spec = True
-        elif tokens > 0:
-            nonspec_seen = True
-    return Layout(mixed=any_spec and nonspec_seen, spec_not_prefix=False)
-
-
-def _mixed_from_result(result: Any) -> bool | None:
-    """Whether the version's own builder took its gather branch, from the
-    returned metadata's ``int`` counts; None when it has no such counts (a
-    fork's metadata class). The layer branches on the same counts."""
-    spec = getattr(result, "num_spec_decodes", None)
-    prefills = getattr(result, "num_prefills", None)
-    decodes = getattr(result, "num_decodes", None)
-    if isinstance(spec, int) and isinstance(prefills, int) and isinstance(decodes, int):
-        return spec > 0 and prefills + decodes > 0
+def host_field(metadata: Any, *names: str) -> list[int] | None:
+    """The first of ``names`` the metadata holds as host data (its instance
+    fields only: a property might compute from a device tensor)."""
+    fields = getattr(metadata, "__dict__", {})
+    for name in names:
+        value = fields.get(name)
+        if value is not None:
+            return host_list(value)
     return None
 
 
@@ -196,12 +104,67 @@ def _mixed_from_result(result: Any) -> bool | None:
 
 
 @dataclass(frozen=True)
+class ProbeEvent:
+    """One thing a patchset counts in builds: a counter and how the line shows it."""
+
+    name: str  # the counter's name (JSON key)
+    label: str  # how the line names it
+    digits: int = 2  # per-mille precision in the line
+    always: bool = True  # shown at zero too
+    note: str = ""  # after the rate, e.g. the upstream PR
+
+
+@dataclass(frozen=True)
+class ProbeSource:
+    """A patchset's part of the probe (``Patchset.probe()``): its events, and
+    ``observe(builder, common_attn_metadata, num_decode_draft_tokens_cpu,
+    result)``, which says from host data only which of them this build shows
+    (raising makes the build a probe error)."""
+
+    events: tuple[ProbeEvent, ...]
+    observe: Callable[[Any, Any, Any, Any], dict[str, bool]]
+
+
+def sources() -> tuple[ProbeSource, ...]:
+    """Every patchset's probe part, in registry order."""
+    from gdn_backport import registry
+
+    return tuple(src for ps in registry.discover() if (src := ps.probe()) is not None)
+
+
+def events() -> tuple[ProbeEvent, ...]:
+    return tuple(e for src in sources() for e in src.events)
+
+
 class ProbeCounts:
-    builds: int = 0
-    mixed: int = 0
-    spec_not_prefix: int = 0
-    errors: int = 0
-    new_row_decodes: int = 0
+    """Builds, probe errors, and each event's count (``counts.mixed``)."""
+
+    def __init__(self, builds: int = 0, errors: int = 0, **counts: int) -> None:
+        self.builds = builds
+        self.errors = errors
+        known = [e.name for e in events()]
+        unknown = sorted(set(counts) - set(known))
+        if unknown:
+            raise TypeError(f"no probe event {unknown[0]!r} (known: {', '.join(known)})")
+        self.events = {name: counts.get(name, 0) for name in known}
+
+    def __getattr__(self, name: str) -> int:
+        events = self.__dict__.get("events", {})
+        if name in events:
+            return int(events[name])
+        raise AttributeError(name)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ProbeCounts):
+            return NotImplemented
+        return (self.builds, self.errors, self.events) == (other.builds, other.errors, other.events)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v}" for k, v in self.to_json().items())
+        return f"ProbeCounts({inner})"
+
+    def to_json(self) -> dict[str, int]:
+        return {"builds": self.builds, **self.events, "errors": self.errors}
 
     def line(self, pid: int | None = None) -> str:
         """``gdn-backport probe: 123456 builds, 2345 mixed (19.0/1000), ...``."""
@@ -209,19 +172,15 @@ class ProbeCounts:
         def per_mille(n: int) -> float:
             return 1000.0 * n / self.builds if self.builds else 0.0
 
-        text = (
-            f"gdn-backport probe: {self.builds} builds, "
-            f"{self.mixed} mixed ({per_mille(self.mixed):.1f}/1000), "
-            f"{self.spec_not_prefix} spec-not-prefix ({per_mille(self.spec_not_prefix):.2f}/1000)"
-        )
-        if self.new_row_decodes:
-            text += (
-                f", {self.new_row_decodes} new-row decodes "
-                f"({per_mille(self.new_row_decodes):.2f}/1000, vLLM #51565)"
-            )
+        parts = [f"{self.builds} builds"]
+        for e in events():
+            n = self.events[e.name]
+            if n or e.always:
+                note = f", {e.note}" if e.note else ""
+                parts.append(f"{n} {e.label} ({per_mille(n):.{e.digits}f}/1000{note})")
         if self.errors:
-            text += f", {self.errors} probe errors"
-        return f"{text} [pid {os.getpid() if pid is None else pid}]"
+            parts.append(f"{self.errors} probe errors")
+        return f"gdn-backport probe: {', '.join(parts)} [pid {os.getpid() if pid is None else pid}]"
 
 
 class Probe:
@@ -236,23 +195,21 @@ class Probe:
         self.every = every
         self.json_path = json_path
         self._lock = threading.Lock()
-        self._builds = self._mixed = self._not_prefix = self._errors = 0
-        self._new_rows = 0
+        self._builds = self._errors = 0
+        self._events: dict[str, int] = {}
         self._error_logged = False
         self._final_done = False
 
     def counts(self) -> ProbeCounts:
         with self._lock:
-            return ProbeCounts(
-                self._builds, self._mixed, self._not_prefix, self._errors, self._new_rows
-            )
+            return ProbeCounts(self._builds, self._errors, **self._events)
 
-    def record(self, layout: Layout) -> None:
+    def record(self, seen: dict[str, bool]) -> None:
+        """One build, and which events it showed."""
         with self._lock:
             self._builds += 1
-            self._mixed += layout.mixed
-            self._not_prefix += layout.spec_not_prefix
-            self._new_rows += layout.new_row_decode
+            for name, hit in seen.items():
+                self._events[name] = self._events.get(name, 0) + bool(hit)
             due = self.every > 0 and self._builds % self.every == 0
         if due:
             self.report()
@@ -278,8 +235,8 @@ class Probe:
     def reset(self) -> None:
         """Zero the counts (a forked child starts here)."""
         with self._lock:
-            self._builds = self._mixed = self._not_prefix = self._errors = 0
-            self._new_rows = 0
+            self._builds = self._errors = 0
+            self._events = {}
             self._error_logged = self._final_done = False
 
     def report(self, final: bool = False) -> None:
@@ -298,7 +255,7 @@ class Probe:
 
     def _append_json(self, counts: ProbeCounts, final: bool) -> None:
         assert self.json_path is not None
-        record = {"pid": os.getpid(), "time": time.time(), "final": final, **asdict(counts)}
+        record = {"pid": os.getpid(), "time": time.time(), "final": final, **counts.to_json()}
         try:
             with open(self.json_path, "a", encoding="utf-8") as out:
                 out.write(json.dumps(record) + "\n")
@@ -331,28 +288,13 @@ def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, index: i
     return args[index - 1] if 0 < index <= len(args) else None
 
 
-def _observe(builder: Any, metadata: Any, drafts: Any, result: Any) -> Layout:
-    layout = _observe_spec(builder, metadata, drafts, result)
-    if new_row_decodes(metadata, result, drafts):
-        return dataclasses.replace(layout, new_row_decode=True)
-    return layout
-
-
-def _observe_spec(builder: Any, metadata: Any, drafts: Any, result: Any) -> Layout:
-    mixed = _mixed_from_result(result)
-    if mixed is False:
-        return _NOT_MIXED
-    if mixed is None:
-        # Without the builder's counts, its inputs decide as 0.18-0.31 do: no
-        # spec rows unless spec decoding is on and some spec row drafted.
-        if not getattr(builder, "use_spec_decode", True) or drafts is None:
-            return _NOT_MIXED
-        if sum(d for d in _host_list(drafts) if d >= 0) == 0:
-            return _NOT_MIXED
-    layout = classify(metadata.query_start_loc_cpu, drafts)
-    if mixed and not layout.mixed:
-        raise ValueError("the builder mixed spec and non-spec rows, the host tensors do not")
-    return layout
+def _observe(
+    watched: Sequence[ProbeSource], builder: Any, metadata: Any, drafts: Any, result: Any
+) -> dict[str, bool]:
+    seen: dict[str, bool] = {}
+    for src in watched:
+        seen.update(src.observe(builder, metadata, drafts, result))
+    return seen
 
 
 def wrap_builder(builder_cls: type, probe: Probe | None = None) -> bool:
@@ -381,6 +323,7 @@ def wrap_builder(builder_cls: type, probe: Probe | None = None) -> bool:
         )
         return False
     counter = PROBE if probe is None else probe
+    watched = sources()
 
     @functools.wraps(original)
     def build(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -388,11 +331,11 @@ def wrap_builder(builder_cls: type, probe: Probe | None = None) -> bool:
         try:
             metadata = _argument(args, kwargs, _METADATA_PARAM, i_metadata)
             drafts = _argument(args, kwargs, _DRAFTS_PARAM, i_drafts)
-            layout = _observe(self, metadata, drafts, result)
+            seen = _observe(watched, self, metadata, drafts, result)
         except Exception as exc:
             counter.record_error(exc)
         else:
-            counter.record(layout)
+            counter.record(seen)
         return result
 
     setattr(build, _MARKER, True)
@@ -438,7 +381,7 @@ def _wrap_module(module: types.ModuleType) -> bool:
 # --------------------------------------------------------------------------
 
 
-WATCH = "pr51812-probe"  # the probe's post-import watch (see .hook)
+WATCH = "gdn-probe"  # the probe's post-import watch (see .hook)
 
 
 def _on_builder_import(module: types.ModuleType) -> None:

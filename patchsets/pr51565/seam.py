@@ -44,3 +44,8 @@ class Pr51565(Patchset):
         from .runtime import register
 
         register()
+
+    def probe(self) -> Any:
+        from .probe import SOURCE
+
+        return SOURCE

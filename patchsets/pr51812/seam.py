@@ -47,3 +47,8 @@ class Pr51812(Patchset):
         from .runtime.plugin import register
 
         register()
+
+    def probe(self) -> Any:
+        from .probe import SOURCE
+
+        return SOURCE

@@ -43,6 +43,7 @@ from gdn_backport.site import Status
 KERNEL = "fused_sigmoid_gating_delta_rule_update"
 # The kernel's parameters in order (the same in every affected release).
 KERNEL_PARAMS = ("A_log", "a", "b", "dt_bias", "q", "k", "v")
+PATCHSET_ID = load_patchset().id
 STRATEGIES = load_patchset().strategies
 
 
@@ -62,13 +63,15 @@ class Layout:
 def _layouts() -> tuple[Layout, ...]:
     """One release per file layout of the affected releases: the newest that
     keeps its GDN layer in that file (``matrix/releases.toml``)."""
-    newest: dict[str, matrix.Release] = {}
-    affected = [r for r in matrix.load().releases if r.status is Status.AFFECTED]
-    for r in affected:
-        if r.path not in newest or Version(r.version) > Version(newest[r.path].version):
-            newest[r.path] = r
-    ordered = sorted(newest.values(), key=lambda r: Version(r.version))
-    return tuple(Layout(r.version, r.path, r.function.split(".")[0]) for r in ordered)
+    newest: dict[str, tuple[str, matrix.Expectation]] = {}
+    for r in matrix.load().releases:
+        e = r.expectation(PATCHSET_ID)
+        if e is None or e.status is not Status.AFFECTED:
+            continue
+        if e.path not in newest or Version(r.version) > Version(newest[e.path][0]):
+            newest[e.path] = (r.version, e)
+    ordered = sorted(newest.values(), key=lambda item: Version(item[0]))
+    return tuple(Layout(v, e.path, e.function.split(".")[0]) for v, e in ordered)
 
 
 LAYOUTS = _layouts()

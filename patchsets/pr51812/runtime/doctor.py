@@ -50,7 +50,7 @@ def rows(package: Path, root: Path) -> list[Row]:
                         on_disk(root, rel),
                         in_effect=False,
                         patchset=ID,
-                    )  # fmt: skip
+                    )
                 )
     # Plugins' own GDN modules (vllm_ascend, ...) that loading them imported.
     modules += [m for m in live.gdn_modules(patchset) if m.__name__ not in by_module]
