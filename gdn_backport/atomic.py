@@ -106,6 +106,42 @@ def lock_timeout() -> float:
     return value
 
 
+GITIGNORE = ".gitignore"
+# The records folder ignores itself: it stays out of the user's git status and
+# commits without touching their own .gitignore.
+GITIGNORE_TEXT = b"*\n"
+
+
+def ensure_gitignore(state: Path) -> None:
+    """Make ``state/.gitignore`` hold exactly :data:`GITIGNORE_TEXT`.
+
+    A missing, empty or edited one (a full disk used to leave it empty, and
+    ``git add -A`` then committed the records) is replaced, atomically: a
+    failed write leaves the old file or none, never a partial one. UsageError
+    (naming the file) if it cannot be written."""
+    path = state / GITIGNORE
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
+    if mode is not None and stat.S_ISDIR(mode):
+        raise UsageError(
+            f"{path}: a folder, not the file that keeps the records out of git: remove it"
+        )
+    if mode is not None and stat.S_ISREG(mode):
+        with contextlib.suppress(OSError):
+            if path.read_bytes() == GITIGNORE_TEXT:
+                return
+    staged = stage(path, GITIGNORE_TEXT)
+    try:
+        commit(staged, path)
+    except OSError as exc:
+        staged.unlink(missing_ok=True)
+        raise UsageError(f"{path}: cannot write ({exc.strerror})") from exc
+
+
 def _make_state(state: Path) -> bool | None:
     """Make the records folder if missing: True if made here, False if it
     was there, None if it cannot be made for lack of permission (a
@@ -121,10 +157,14 @@ def _make_state(state: Path) -> bool | None:
             if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
                 return None
             raise UsageError(f"{state}: cannot create the lock ({exc.strerror})") from exc
-        # Keep the sidecar out of the user's git status without touching
-        # their .gitignore.
-        with contextlib.suppress(OSError):
-            (state / ".gitignore").write_text("*\n")
+        try:
+            ensure_gitignore(state)
+        except UsageError:
+            # Without it the records would be committed: refuse, and leave
+            # no folder behind.
+            with contextlib.suppress(OSError):
+                state.rmdir()
+            raise
         return True
     if stat.S_ISLNK(mode) or not stat.S_ISDIR(mode):
         raise UsageError(
@@ -223,8 +263,8 @@ def tree_lock(root: Path, timeout: float | None = None) -> Iterator[None]:
     finally:
         del _HELD[key]
         try:
-            if created and {p.name for p in state.iterdir()} <= {LOCK, ".gitignore"}:
-                for name in (".gitignore", LOCK):
+            if created and {p.name for p in state.iterdir()} <= {LOCK, GITIGNORE}:
+                for name in (GITIGNORE, LOCK):
                     (state / name).unlink(missing_ok=True)
                 state.rmdir()
         except OSError:

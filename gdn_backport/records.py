@@ -280,10 +280,9 @@ class Records:
                 self.add(record, self.original(record))
         doc = {"format": FORMAT, "records": [asdict(r) for r in self]}
         self.state.mkdir(exist_ok=True)
-        ignore = self.state / ".gitignore"
-        if not ignore.exists():
-            # The records stay out of the user's git status (and commits).
-            ignore.write_text("*\n")
+        # The records stay out of the user's git status (and commits): every
+        # run that writes them mends a .gitignore a full disk left empty.
+        atomic.ensure_gitignore(self.state)
         data = json.dumps(doc, indent=2) + "\n"
         atomic.write_atomic(self.manifest, data.encode())
 

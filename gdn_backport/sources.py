@@ -23,6 +23,7 @@ from urllib.parse import urljoin
 
 from packaging.version import InvalidVersion, Version
 
+from gdn_backport import atomic
 from gdn_backport.errors import UsageError
 
 DEFAULT_INDEX = "https://pypi.org/pypi/vllm/json"
@@ -325,7 +326,7 @@ def _fill(tree: Path, dest: Path, stamp: dict[str, str]) -> None:
     shutil.copytree(tree, dest, ignore=shutil.ignore_patterns(_DONE), dirs_exist_ok=True)
     state = dest / _STATE
     state.mkdir(exist_ok=True)
-    (state / ".gitignore").write_text("*\n")
+    atomic.ensure_gitignore(state)
     marker = {"format": 1, "made_by": "gdn-backport", **stamp}
     (state / WORKDIR_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
