@@ -10,6 +10,7 @@ publishes; extraction refuses members that would land outside the target.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import shutil
@@ -111,6 +112,15 @@ def artifact(version: str) -> Artifact:
     )
 
 
+def _cut(art: Artifact, exc: BaseException) -> UsageError:
+    """The download of ``art`` failed on the network: why, in one line."""
+    reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or exc
+    why = " ".join(str(reason).split()) or type(exc).__name__
+    return UsageError(
+        f"{art.url}: cannot download vllm {art.version} ({why}); nothing was kept, run again"
+    )
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as fh:
@@ -136,12 +146,33 @@ def download(art: Artifact) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{art.filename}.")
     try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(art.url, timeout=600) as resp:
-            shutil.copyfileobj(resp, out, 1 << 20)
+        with os.fdopen(fd, "wb") as out:
+            # The network's failures and the cache's are told apart: each
+            # names its own place.
+            try:
+                resp = urllib.request.urlopen(art.url, timeout=600)
+            except (OSError, http.client.HTTPException) as exc:
+                raise _cut(art, exc) from exc
+            with resp:
+                while True:
+                    try:
+                        chunk = resp.read(1 << 20)
+                    except (OSError, http.client.HTTPException) as exc:
+                        raise _cut(art, exc) from exc
+                    if not chunk:
+                        break
+                    try:
+                        out.write(chunk)
+                    except OSError as exc:
+                        raise UsageError(
+                            f"{dest}: cannot write in the release cache ({exc.strerror}); "
+                            "nothing was kept"
+                        ) from exc
         got = _sha256(Path(tmp))
         if got != art.sha256:
             raise UsageError(
-                f"{art.filename}: sha256 {got} does not match the index's {art.sha256}"
+                f"{art.filename}: sha256 {got} does not match the index's {art.sha256} "
+                "(a cut or altered download; nothing was kept)"
             )
         os.replace(tmp, dest)
     finally:

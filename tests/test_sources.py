@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
 import io
 import json
 import tarfile
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 
 from gdn_backport import sources
 from gdn_backport.errors import UsageError
+from tests.conftest import run
 
 
 def _sdist(path: Path, version: str, members: dict[str, bytes]) -> Path:
@@ -109,3 +112,90 @@ def test_unknown_release_and_bad_version(index) -> None:  # type: ignore[no-unty
         sources.release_tree("1.2.3")
     with pytest.raises(UsageError, match="not a version"):
         sources.release_tree("latest")
+
+
+# -- the network and the cache failing (issue D9, D13, D25) -------------------------------
+
+
+class _Response(io.BytesIO):
+    """An HTTP response whose body stops after ``upto`` bytes: with
+    ``fail``, that read raises it (a reset connection); else it ends early."""
+
+    def __init__(self, data: bytes, upto: int, fail: BaseException | None) -> None:
+        super().__init__(data[:upto])
+        self.fail = fail
+
+    def read(self, size: int | None = -1) -> bytes:
+        chunk = super().read(size)
+        if not chunk and self.fail is not None:
+            raise self.fail
+        return chunk
+
+
+def _cut_downloads(monkeypatch: pytest.MonkeyPatch, fail: BaseException | None) -> None:
+    """Archives (not the index) come through a connection cut half-way."""
+    real = urllib.request.urlopen
+
+    def urlopen(url: str, *args: object, **kwargs: object) -> object:
+        if not url.endswith(".tar.gz"):
+            return real(url, *args, **kwargs)  # type: ignore[arg-type]
+        data = Path(url.removeprefix("file://")).read_bytes()
+        return _Response(data, len(data) // 2, fail)
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+
+
+def _cache_files() -> list[str]:
+    cache = sources.cache_dir()
+    return sorted(
+        p.relative_to(cache).as_posix()
+        for p in cache.rglob("*")
+        if p.is_file() and "index" not in p.parts
+    )
+
+
+@pytest.mark.parametrize(
+    "fail",
+    [
+        ConnectionResetError(104, "Connection reset by peer"),
+        http.client.IncompleteRead(b"x" * 10, 90),
+        TimeoutError("timed out"),
+    ],
+    ids=["reset", "incomplete", "timeout"],
+)
+def test_a_download_cut_mid_way_is_one_line_and_leaves_nothing(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    index,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+    fail: BaseException,
+) -> None:
+    """D9: the connection fails half-way through the sdist: one line naming
+    the URL, the release and the reason, exit 2, no partial file in the
+    cache (it used to be a raw traceback, exit 1)."""
+    archive = _sdist(tmp_path / "vllm-9.0.3.tar.gz", "9.0.3", {"vllm-9.0.3/vllm/x.py": b"x" * 999})
+    index("9.0.3", archive)
+    _cut_downloads(monkeypatch, fail)
+    for argv in (["fetch", "9.0.3"], ["scan", "--release", "9.0.3"]):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (2, ""), err
+        assert err.count("\n") == 1, err
+        assert err.startswith(f"gdn-backport: {archive.as_uri()}: cannot download vllm 9.0.3 (")
+        assert _cache_files() == []
+
+
+def test_a_truncated_download_fails_its_sha256_and_leaves_nothing(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    index,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """D9: the body ends early without an error: the sha256 check refuses
+    it in one line, and nothing is kept for a later run to trust."""
+    archive = _sdist(tmp_path / "vllm-9.0.4.tar.gz", "9.0.4", {"vllm-9.0.4/vllm/x.py": b"x" * 999})
+    index("9.0.4", archive)
+    _cut_downloads(monkeypatch, None)
+    code, out, err = run(capsys, "fetch", "9.0.4")
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1 and archive.name in err and "does not match" in err, err
+    assert _cache_files() == []
