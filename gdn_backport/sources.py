@@ -48,6 +48,31 @@ def cache_dir() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "gdn-backport"
 
 
+def _cache_folder(*parts: str) -> Path:
+    """``cache_dir() / parts``, made if missing. UsageError naming the cache
+    and the real reason when it cannot be used (a file where it should be,
+    no permission): not to be mistaken for the network's failure."""
+    root = cache_dir()
+    folder = root.joinpath(*parts)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        # Every use writes in it: find out now, not half-way.
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".gdn-backport.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise _unusable(root, exc) from exc
+    return folder
+
+
+def _unusable(root: Path, exc: OSError) -> UsageError:
+    why = "not a folder" if root.exists() and not root.is_dir() else exc.strerror or str(exc)
+    return UsageError(
+        f"{root}: cannot use it as gdn-backport's release cache ({why}); "
+        "set GDN_BACKPORT_CACHE to a folder you can write"
+    )
+
+
 def index_url() -> str:
     """PyPI's JSON API for vllm; ``$GDN_BACKPORT_INDEX`` points elsewhere
     (a mirror, or a ``file://`` document in tests)."""
@@ -59,14 +84,18 @@ def _index() -> dict[str, object]:
     url = index_url()
     offline = os.environ.get("GDN_BACKPORT_OFFLINE") == "1"
     if not offline:
+        _cache_folder("index")
         try:
             with urllib.request.urlopen(url, timeout=60) as resp:
                 data = resp.read()
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_bytes(cached, data)
-        except OSError as exc:
+        except (OSError, http.client.HTTPException) as exc:
             if not cached.exists():
                 raise UsageError(f"{url}: cannot reach the index ({exc})") from exc
+        else:
+            try:
+                _atomic_bytes(cached, data)
+            except OSError as exc:
+                raise _unusable(cache_dir(), exc) from exc
     if not cached.exists():
         raise UsageError(f"{cached}: offline and no cached index")
     loaded: dict[str, object] = json.loads(cached.read_bytes())
@@ -143,7 +172,7 @@ def download(art: Artifact) -> Path:
         return dest
     if os.environ.get("GDN_BACKPORT_OFFLINE") == "1":
         raise UsageError(f"{dest}: offline and not in the cache")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    _cache_folder("dist")
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{art.filename}.")
     try:
         with os.fdopen(fd, "wb") as out:
@@ -245,7 +274,7 @@ def release_tree(version: str) -> Path:
     art = artifact(version)
     root = cache_dir() / "trees" / art.version
     archive = download(art)
-    root.parent.mkdir(parents=True, exist_ok=True)
+    _cache_folder("trees")
     staging = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{art.version}."))
     try:
         if art.kind == "sdist":
@@ -256,6 +285,11 @@ def release_tree(version: str) -> Path:
         if root.exists():
             shutil.rmtree(root)
         os.replace(staging, root)
+    except OSError as exc:
+        raise UsageError(
+            f"{root}: cannot extract vllm {art.version} into the release cache "
+            f"({exc.strerror}); nothing was kept"
+        ) from exc
     finally:
         if staging.exists():
             shutil.rmtree(staging)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import http.client
 import io
 import json
+import os
 import tarfile
+import tempfile
 import urllib.request
 import zipfile
 from pathlib import Path
@@ -199,3 +202,53 @@ def test_a_truncated_download_fails_its_sha256_and_leaves_nothing(
     assert (code, out) == (2, "")
     assert err.count("\n") == 1 and archive.name in err and "does not match" in err, err
     assert _cache_files() == []
+
+
+def test_a_cache_that_is_a_file_is_named_not_the_network(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    index,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """D13: ``GDN_BACKPORT_CACHE`` names a file: one line naming the cache
+    and why, exit 2 (it used to say "cannot reach the index")."""
+    archive = _sdist(tmp_path / "vllm-9.0.5.tar.gz", "9.0.5", {"vllm-9.0.5/vllm/x.py": b""})
+    index("9.0.5", archive)
+    cache = tmp_path / "a-file"
+    cache.write_text("not a cache\n")
+    monkeypatch.setenv("GDN_BACKPORT_CACHE", str(cache))
+    for argv in (["fetch", "9.0.5"], ["scan", "--release", "9.0.5"]):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (2, "")
+        assert err == (
+            f"gdn-backport: {cache}: cannot use it as gdn-backport's release cache (not a "
+            "folder); set GDN_BACKPORT_CACHE to a folder you can write\n"
+        )
+    assert cache.read_text() == "not a cache\n"
+
+
+def test_a_cache_folder_without_write_permission_is_named(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    index,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """D13: a cache folder no file can be made in (its owner is another
+    user; as root, the refusal is simulated where the file is made): the
+    cache and "Permission denied", not the index."""
+    archive = _sdist(tmp_path / "vllm-9.0.6.tar.gz", "9.0.6", {"vllm-9.0.6/vllm/x.py": b""})
+    index("9.0.6", archive)
+    cache = sources.cache_dir()
+    (cache / "index").mkdir(parents=True)
+    real = tempfile.mkstemp
+
+    def mkstemp(*args: object, **kwargs: object) -> tuple[int, str]:
+        if cache in Path(str(kwargs.get("dir"))).parents:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        return real(*args, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    code, out, err = run(capsys, "fetch", "9.0.6")
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1 and err.startswith(f"gdn-backport: {cache}: cannot use it"), err
+    assert "(Permission denied)" in err and "index" not in err
