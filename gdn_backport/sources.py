@@ -109,20 +109,49 @@ def _same(listed: str, wanted: Version) -> bool:
         return False
 
 
-def artifact(version: str) -> Artifact:
-    """The archive to fetch for ``version``: the sdist, else a wheel."""
+def check_spelling(version: str) -> str:
+    """``version`` if it is spelled as the index lists releases (a
+    normalised version: 0.25.1, 0.9.0.1); else UsageError, with the
+    spelling that is where there is one. Needs no network."""
     try:
-        wanted = Version(version)
-    except InvalidVersion as exc:
-        raise UsageError(f"{version}: not a version number") from exc
+        normal = str(Version(version))
+    except InvalidVersion:
+        normal = None
+    if normal == version:
+        return version
+    hint = f" (did you mean {normal}?)" if normal else " (a release is X.Y.Z, e.g. 0.25.1)"
+    raise UsageError(f"vllm {version!r}: not a version as the index lists releases{hint}")
+
+
+def _near(version: str, listed: list[str]) -> list[str]:
+    """The listed releases ``version`` comes close to (0.25 -> 0.25.1 and
+    0.25.0), newest first: only for the message, never to choose one."""
+    wanted = Version(version)
+    near = []
+    for name in listed:
+        try:
+            got = Version(name)
+        except InvalidVersion:
+            continue
+        if got == wanted or got.release[: len(wanted.release)] == wanted.release:
+            near.append(got)
+    return [str(v) for v in sorted(near, reverse=True)[:3]]
+
+
+def artifact(version: str) -> Artifact:
+    """The archive to fetch for ``version``, a release exactly as the index
+    lists it: the sdist, else a wheel."""
+    check_spelling(version)
     url = index_url()
     releases = _index().get("releases")
     if not isinstance(releases, dict):
         raise UsageError(f"{url}: no 'releases' in the index document")
-    listed = next((v for v in releases if _same(v, wanted)), None)
+    listed = version if version in releases else None
     files = releases.get(listed) if listed is not None else None
     if not files:
-        raise UsageError(f"vllm {version}: no such release on the index")
+        near = _near(version, [str(v) for v in releases])
+        hint = f"; did you mean {' or '.join(near)}?" if near else ""
+        raise UsageError(f"vllm {version}: no such release on the index{hint}")
     live = [f for f in files if not f.get("yanked")] or files
     sdists = [f for f in live if f.get("packagetype") == "sdist"]
     wheels = [f for f in live if f.get("filename", "").endswith(_WHEEL_SUFFIX)]
@@ -261,16 +290,11 @@ def release_tree(version: str) -> Path:
     The tree is extracted once into the cache; callers that patch it must
     copy it first (see :func:`copy_release`).
     """
-    try:
-        wanted = Version(version)
-    except InvalidVersion as exc:
-        raise UsageError(f"{version}: not a version number") from exc
+    check_spelling(version)
     # A completed extraction was verified when it was made: no index needed.
-    trees = cache_dir() / "trees"
-    if trees.is_dir():
-        for cached in trees.iterdir():
-            if _same(cached.name, wanted) and (cached / _DONE).exists():
-                return cached
+    cached = cache_dir() / "trees" / version
+    if cached.is_dir() and (cached / _DONE).exists():
+        return cached
     art = artifact(version)
     root = cache_dir() / "trees" / art.version
     archive = download(art)

@@ -72,7 +72,7 @@ def test_release_tree_extracts_only_the_package(tmp_path: Path, index) -> None: 
     assert files == ["vllm/__init__.py", "vllm/a/b.py"]
     # A second call is served from the cache, even offline.
     archive.unlink()
-    assert sources.release_tree("9.0") == tree
+    assert sources.release_tree("9.0.0") == tree
 
 
 def test_sha256_mismatch_is_refused(tmp_path: Path, index) -> None:  # type: ignore[no-untyped-def]
@@ -252,3 +252,67 @@ def test_a_cache_folder_without_write_permission_is_named(
     assert (code, out) == (2, "")
     assert err.count("\n") == 1 and err.startswith(f"gdn-backport: {cache}: cannot use it"), err
     assert "(Permission denied)" in err and "index" not in err
+
+
+@pytest.mark.parametrize(
+    ("given", "hint"),
+    [
+        ("v0.25.1", "did you mean 0.25.1?"),
+        (" 0.25.1", "did you mean 0.25.1?"),
+        ("0.25.1 ", "did you mean 0.25.1?"),
+        ("0.25.01", "did you mean 0.25.1?"),
+        ("latest", "a release is X.Y.Z, e.g. 0.25.1"),
+        ("", "a release is X.Y.Z, e.g. 0.25.1"),
+    ],
+)
+def test_an_ill_formed_release_is_refused_without_the_network(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    given: str,
+    hint: str,
+) -> None:
+    """D25: a release is spelled exactly as the index lists it; anything
+    else is one line, exit 2, before any network access or copy (``v0.25.1``
+    and `` 0.25.1`` used to be taken for 0.25.1)."""
+
+    def no_network(*args: object, **kwargs: object) -> object:
+        raise AssertionError("the index was asked")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    monkeypatch.chdir(tmp_path)
+    for argv in (
+        ["fetch", given],
+        ["scan", "--release", given],
+        ["apply", "--release", given, "--dry-run"],
+        ["apply", "--release", given],
+        ["revert", "--release", given],
+    ):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (2, ""), argv
+        assert err == (
+            f"gdn-backport: vllm {given!r}: not a version as the index lists releases ({hint})\n"
+        ), argv
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_release_the_index_does_not_list_is_refused_with_the_near_misses(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    index,  # type: ignore[no-untyped-def]
+) -> None:
+    """D25: ``--release 9.1`` is not 9.1.0 (it used to fetch 9.1.0 without a
+    word): refused, naming the releases it comes close to, newest first."""
+    for version in ("9.1.0", "9.1.1", "9.2.0"):
+        name = f"vllm-{version}"
+        index(version, _sdist(tmp_path / f"{name}.tar.gz", version, {f"{name}/vllm/x.py": b""}))
+    for given, hint in (
+        ("9.1", "; did you mean 9.1.1 or 9.1.0?"),
+        ("9.1.0.0", "; did you mean 9.1.0?"),
+        ("9.3.0", ""),
+    ):
+        code, out, err = run(capsys, "fetch", given)
+        assert (code, out) == (2, ""), given
+        assert err == f"gdn-backport: vllm {given}: no such release on the index{hint}\n"
+    assert not (sources.cache_dir() / "trees").exists()
+    assert run(capsys, "fetch", "9.1.1")[0] == 0
