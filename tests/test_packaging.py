@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import sys
 import types
 from pathlib import Path
@@ -12,6 +14,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from gdn_backport import verify
+from tests.conftest import run
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -41,3 +44,63 @@ def test_the_kernels_extra_installs_only_a_triton_verify_accepts(
     # One source of truth: the rule's bound is the extra's.
     bound = ".".join(map(str, verify.TRITON_TOO_NEW))
     assert f"<{bound}" in {str(s) for s in spec}
+
+
+def _user_strings() -> list[tuple[str, str]]:
+    """Every string literal of the package but docstrings: (file, text).
+    Messages, help and output are made of these."""
+    found = []
+    for path in sorted((REPO / "gdn_backport").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docs = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        rel = path.relative_to(REPO).as_posix()
+        found += [
+            (rel, node.value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docs
+        ]
+    return found
+
+
+def _headings(doc: Path) -> list[str]:
+    return [
+        line.lstrip("#").strip() for line in doc.read_text().splitlines() if line.startswith("#")
+    ]
+
+
+def test_no_message_sends_users_to_notes() -> None:
+    """D19: a refusal said "see NOTES", a file the package does not ship;
+    messages point at the README or docs/ (a section that exists)."""
+    strings = _user_strings()
+    assert [(f, s) for f, s in strings if "NOTES" in s] == []
+    text = " ".join(s for _, s in strings)
+    cited = re.findall(r'(README|docs/[\w.-]+\.md)(?::|,) "([^"]+)"', text)
+    assert ("docs/refusals.md", "Patchset pr51565") in cited
+    for doc, section in cited:
+        path = REPO / ("README.md" if doc == "README" else doc)
+        assert any(h.startswith(section) for h in _headings(path)), (doc, section)
+
+
+@pytest.mark.network
+def test_the_pr51565_refusal_names_a_document_that_says_what_to_do(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """D19: the refusal of a release before 0.20.0 (no stateless rule for
+    pr51565) names docs/refusals.md, whose pr51565 section says what to do."""
+    code, _, err = run(capsys, "apply", "--patchset", "pr51565", "--release", "0.18.1", "--dry-run")
+    assert code == 2 and err.count("\n") == 1
+    assert "NOTES" not in err
+    assert 'docs/refusals.md, "Patchset pr51565": move to a release with these fields' in err
+    doc = (REPO / "docs" / "refusals.md").read_text()
+    section = doc[doc.index("## Patchset pr51565") :]
+    row = next(line for line in section.splitlines() if "no seq_lens_cpu_upper_bound" in line)
+    assert "move to 0.20.0+ and apply" in row
