@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import re
+import shlex
+import subprocess
 import sys
 import types
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from gdn_backport import verify
@@ -104,3 +109,75 @@ def test_the_pr51565_refusal_names_a_document_that_says_what_to_do(
     section = doc[doc.index("## Patchset pr51565") :]
     row = next(line for line in section.splitlines() if "no seq_lens_cpu_upper_bound" in line)
     assert "move to 0.20.0+ and apply" in row
+
+
+def _readme_section(title: str) -> list[str]:
+    """The command lines (indented blocks) of the README paragraph that
+    starts with ``title``, up to the next heading."""
+    text = (REPO / "README.md").read_text()
+    assert title in text, f"the README has no {title!r}"
+    start = text.index(title)
+    end = text.find("\n#", start)
+    block = text[start : end if end >= 0 else None]
+    return [line.strip() for line in block.splitlines() if line.startswith("    ")]
+
+
+def _closure(requirements: list[Requirement]) -> set[str]:
+    """The distributions these requirements install, their own included
+    (as this environment resolved them), canonical names."""
+    seen: set[str] = set()
+    extras: set[str] = set()
+    todo = [r for r in requirements if r.marker is None or r.marker.evaluate()]
+    while todo:
+        req = todo.pop()
+        name = canonicalize_name(req.name)
+        if name == "gdn-backport":  # an extra of ours: its own requirements
+            for extra in req.extras - extras:
+                extras.add(extra)
+                todo += _extra(extra).values()
+            continue
+        if name in seen:
+            continue
+        seen.add(name)
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            for raw in metadata.requires(req.name) or []:
+                dep = Requirement(raw)
+                if dep.marker is None or dep.marker.evaluate({"extra": ""}):
+                    todo.append(dep)
+    return seen
+
+
+def test_the_readme_runs_one_test_file_with_the_test_extra() -> None:
+    """D20: the README's set-up venv had no pytest and no documented way to
+    run one test file. Its "Run one test file" commands install the
+    ``test`` extra, which brings every module the tests import, and the
+    pytest line it gives runs."""
+    lines = _readme_section("Run one test file")
+    pip = [line for line in lines if " install " in line]
+    assert pip == [".venv/bin/pip install -q -e '.[test]'"]
+    core = [Requirement(r) for r in PYPROJECT["project"]["dependencies"]]
+    wanted = _closure([Requirement("gdn-backport[test]"), *core])
+    providers = metadata.packages_distributions()
+    imported: set[str] = set()
+    for path in (REPO / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    ours = {"tests", "gdn_backport", "gdn_backport_kernels", "tomli"}  # tomli: 3.10 only
+    for module in sorted(imported - set(sys.stdlib_module_names) - ours):
+        dists = {canonicalize_name(d) for d in providers.get(module, [])}
+        assert dists & wanted, f"tests import {module}, which the test extra does not install"
+    # The first pytest line, run as the README writes it (this venv's pytest).
+    [first, *_] = [line for line in lines if line.startswith(".venv/bin/pytest ")]
+    argv = shlex.split(first.split("#")[0])[1:]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *argv, "-q", "-p", "no:cacheprovider"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout
