@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from gdn_backport.errors import UsageError
@@ -106,6 +107,42 @@ def lock_timeout() -> float:
     return value
 
 
+GITIGNORE = ".gitignore"
+# The records folder ignores itself: it stays out of the user's git status and
+# commits without touching their own .gitignore.
+GITIGNORE_TEXT = b"*\n"
+
+
+def ensure_gitignore(state: Path) -> None:
+    """Make ``state/.gitignore`` hold exactly :data:`GITIGNORE_TEXT`.
+
+    A missing, empty or edited one (a full disk used to leave it empty, and
+    ``git add -A`` then committed the records) is replaced, atomically: a
+    failed write leaves the old file or none, never a partial one. UsageError
+    (naming the file) if it cannot be written."""
+    path = state / GITIGNORE
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
+    if mode is not None and stat.S_ISDIR(mode):
+        raise UsageError(
+            f"{path}: a folder, not the file that keeps the records out of git: remove it"
+        )
+    if mode is not None and stat.S_ISREG(mode):
+        with contextlib.suppress(OSError):
+            if path.read_bytes() == GITIGNORE_TEXT:
+                return
+    staged = stage(path, GITIGNORE_TEXT)
+    try:
+        commit(staged, path)
+    except OSError as exc:
+        staged.unlink(missing_ok=True)
+        raise UsageError(f"{path}: cannot write ({exc.strerror})") from exc
+
+
 def _make_state(state: Path) -> bool | None:
     """Make the records folder if missing: True if made here, False if it
     was there, None if it cannot be made for lack of permission (a
@@ -121,10 +158,14 @@ def _make_state(state: Path) -> bool | None:
             if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
                 return None
             raise UsageError(f"{state}: cannot create the lock ({exc.strerror})") from exc
-        # Keep the sidecar out of the user's git status without touching
-        # their .gitignore.
-        with contextlib.suppress(OSError):
-            (state / ".gitignore").write_text("*\n")
+        try:
+            ensure_gitignore(state)
+        except UsageError:
+            # Without it the records would be committed: refuse, and leave
+            # no folder behind.
+            with contextlib.suppress(OSError):
+                state.rmdir()
+            raise
         return True
     if stat.S_ISLNK(mode) or not stat.S_ISDIR(mode):
         raise UsageError(
@@ -141,9 +182,36 @@ def _holder(fd: int) -> str:
     return ""
 
 
-def _acquire(state: Path, timeout: float) -> tuple[int, bool] | None:
-    """Open and lock ``state/lock``, waiting up to ``timeout`` seconds: the
-    fd and whether the folder was made here; None on a read-only tree."""
+@dataclass
+class _Held:
+    fd: int
+    made_state: bool  # the records folder was made for this lock
+    made_lock: bool  # the lock file was
+    was: bytes  # what the lock file held before this run wrote its pid in it
+    entries: frozenset[str]  # the records folder's entries then, the lock aside
+
+
+def _entries(state: Path) -> frozenset[str]:
+    return frozenset(p.name for p in state.iterdir()) - {LOCK}
+
+
+def _open_lock(lock: Path) -> tuple[int, bool]:
+    """The lock file's fd, and whether it was made here (FileNotFoundError
+    if the folder is gone)."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(lock, flags | os.O_CREAT | os.O_EXCL, 0o644), True
+    except FileExistsError:
+        pass
+    try:
+        return os.open(lock, flags), False
+    except FileNotFoundError:
+        return _open_lock(lock)  # removed by the run that made it, just now
+
+
+def _acquire(state: Path, timeout: float) -> _Held | None:
+    """Open and lock ``state/lock``, waiting up to ``timeout`` seconds; None
+    on a read-only tree."""
     lock = state / LOCK
     start = time.monotonic()
     delay, told = 0.01, False
@@ -152,7 +220,7 @@ def _acquire(state: Path, timeout: float) -> tuple[int, bool] | None:
         if created is None:
             return None
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            fd, made_lock = _open_lock(lock)
         except FileNotFoundError:
             continue  # the holder we waited for removed the folder: make it again
         except OSError as exc:
@@ -187,10 +255,32 @@ def _acquire(state: Path, timeout: float) -> tuple[int, bool] | None:
         if now is None or (now.st_ino, now.st_dev) != (mine.st_ino, mine.st_dev):
             os.close(fd)
             continue
+        was = b""
         with contextlib.suppress(OSError):
+            was = os.pread(fd, max(os.fstat(fd).st_size, 0), 0)
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        return fd, created
+        return _Held(fd, created, made_lock, was, _entries(state))
+
+
+def _release(state: Path, held: _Held) -> None:
+    """Leave the records folder as the run found it where the run added
+    nothing (a refusal): no folder or lock file made for it, the lock
+    file's bytes as they were. Done while still locked: a waiter then finds
+    its lock file gone and retries."""
+    try:
+        now = _entries(state)
+        if held.made_state and now <= {GITIGNORE}:
+            for name in (GITIGNORE, LOCK):
+                (state / name).unlink(missing_ok=True)
+            state.rmdir()
+        elif held.made_lock and now == held.entries:
+            (state / LOCK).unlink()
+        else:
+            os.ftruncate(held.fd, 0)
+            os.pwrite(held.fd, held.was, 0)
+    except OSError:
+        pass
 
 
 @contextlib.contextmanager
@@ -199,10 +289,10 @@ def tree_lock(root: Path, timeout: float | None = None) -> Iterator[None]:
 
     A second run waits for the first (up to ``timeout``, default
     :func:`lock_timeout`), then sees its result; on timeout UsageError names
-    the lock and the holder's pid. Taking the lock again in the same process
-    is a no-op. A records folder made only for the lock is removed again
-    (while still locked: a waiter then finds its lock file gone and retries).
-    """
+    the lock and the holder's pid (written in the lock file while it is
+    held). Taking the lock again in the same process is a no-op. A run that
+    added nothing to the records folder leaves it as it was (see
+    :func:`_release`): a refusal changes no byte there."""
     state = root / STATE_DIR
     key = os.path.realpath(state / LOCK)
     if key in _HELD:
@@ -212,22 +302,16 @@ def tree_lock(root: Path, timeout: float | None = None) -> Iterator[None]:
         finally:
             _HELD[key][1] -= 1
         return
-    got = _acquire(state, lock_timeout() if timeout is None else timeout)
-    if got is None:
+    held = _acquire(state, lock_timeout() if timeout is None else timeout)
+    if held is None:
         yield  # read-only tree: any write is refused by its own checks
         return
-    fd, created = got
-    _HELD[key] = [fd, 1]
+    _HELD[key] = [held.fd, 1]
     try:
         yield
     finally:
         del _HELD[key]
         try:
-            if created and {p.name for p in state.iterdir()} <= {LOCK, ".gitignore"}:
-                for name in (".gitignore", LOCK):
-                    (state / name).unlink(missing_ok=True)
-                state.rmdir()
-        except OSError:
-            pass
+            _release(state, held)
         finally:
-            os.close(fd)
+            os.close(held.fd)

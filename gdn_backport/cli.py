@@ -8,8 +8,10 @@ the reason; nothing changed on disk).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import select
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -659,7 +661,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(_legacy_matrix(argv))
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        # What is still buffered is written here, where a failure can be told
+        # from the run's verdict (at exit it would become Python's code 120).
+        sys.stdout.flush()
+        return code
     except UsageError as exc:
         print(f"gdn-backport: {exc}", file=sys.stderr)
         return 2
@@ -668,3 +674,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     except KeyboardInterrupt:
         return 130
+    except OSError as exc:
+        # Every file but standard output is opened by name, and its errors
+        # are UsageErrors: a nameless one that reaches here is the output's.
+        out = sys.__stdout__
+        if exc.filename is not None or out is None or sys.stdout is not out:
+            raise
+        where, gone = "standard output", False
+        with contextlib.suppress(OSError, ValueError):
+            fd = out.fileno()
+            with contextlib.suppress(OSError):
+                name = os.readlink(f"/proc/self/fd/{fd}")
+                where = name if name.startswith("/") else where
+            poll = select.poll()
+            poll.register(fd, select.POLLOUT)
+            gone = any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
+            # Output still buffered goes nowhere: the flush at exit must not
+            # fail again.
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+        if isinstance(exc, BrokenPipeError) and gone:
+            # The reader left (`| head -1`) with what it wanted: exit as a
+            # process killed by SIGPIPE does, never with a verdict's code.
+            return 141
+        print(f"gdn-backport: {where}: cannot write the output ({exc.strerror})", file=sys.stderr)
+        return 2

@@ -1,26 +1,34 @@
 """``apply --commit`` / ``--format-patch``: the backport as a git commit.
 
-The commit is built *before* anything is written, from HEAD's tree with the
-patched files' new bytes (a private index, ``git commit-tree``), so every git
-failure (no identity, a bad branch name, a file with the user's own edits)
-stops the run with the tree untouched. Only then does the engine write, and
-the branch is made at HEAD, checked out, and moved to the prepared commit:
-the working tree already holds exactly its bytes.
+Every precondition (identity, branch name, a clean tree, each file of every
+patchset tracked and as in HEAD) is checked before anything is written. The
+commit is built *before* the engine writes, from HEAD's tree with the
+patched files' new bytes (a private index, ``git commit-tree``), so a git
+failure stops the run with the tree untouched. Only then does the engine
+write, and the branch is made at HEAD, checked out, and moved to the
+prepared commit: the working tree already holds exactly its bytes. A
+failure after the first write puts back every file and the records folder.
+
+The run's objects (blobs, trees, commits) go to an object folder of their
+own, with the repository's as an alternate (git's quarantine, as for a
+push), and move into the repository only when the branch is made: a
+refused run leaves no object behind.
 
 What is committed is only what the engine wrote. The records of
 ``revert`` (``.gdn-backport/``) ignore themselves (their own ``.gitignore``)
 and stay untracked: ``gdn-backport revert`` keeps working on the branch.
 
 ``--format-patch FILE`` without ``--commit`` writes the patch of that same
-commit and changes neither the tree nor any branch: the commit object is
-referenced by nothing and git's gc drops it.
+commit and changes neither the tree nor any branch, nor the object store.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +36,7 @@ import git
 
 from gdn_backport import __version__, atomic, pipeline, registry
 from gdn_backport.errors import UsageError
-from gdn_backport.pipeline import Mode, Outcome, revert_tree
+from gdn_backport.pipeline import Mode, Outcome
 from gdn_backport.registry import Patchset
 from gdn_backport.tree import relative, tree_root
 from gdn_backport.vllm_version import VllmVersion, detect
@@ -92,7 +100,7 @@ def apply_git(
     """Patch ``tree`` and commit the result on a new branch, one commit per
     patchset that changes something (each with its own ``Backport-Of``
     trailer), and/or write the patch series of those commits to ``patch``.
-    UsageError (nothing changed, no git object made) on any precondition; no
+    UsageError (nothing changed, no git object left) on any precondition; no
     branch, commit or patch when nothing needs fixing."""
     if not commit and patch is None:
         raise UsageError("apply: --commit or --format-patch FILE is needed here")
@@ -103,44 +111,45 @@ def apply_git(
     lock: contextlib.AbstractContextManager[None] = (
         atomic.tree_lock(root) if commit else contextlib.nullcontext()
     )
-    with lock, _open(root) as (repo, top):
+    with lock, _open(root) as (repo, top), _quarantine(repo) as objects:
         result = GitResult(Outcome(root), top)
         version = result.vllm_version = detect(root)
         commits: list[str] = []
         named: list[str] = []
+        undo = _Undo(root, active=commit)
 
         def before_write(writing: list[tuple[Patchset, Outcome, list[tuple[Path, bytes]]]]) -> None:
-            # Every precondition first, then the objects: a refusal leaves
-            # no object in the repository.
+            # Every plan is made: the patchsets that change something name
+            # the branch, and every precondition is checked for all of them
+            # before the first object is made.
             name = branch or default_branch([ps for ps, _, _ in writing])
             _check_repo(repo, top, name if commit else None, allow_dirty or not commit)
+            per_patchset = [
+                (ps, out, staged, {_repo_path(top, f): data for f, data in staged})
+                for ps, out, staged in writing
+            ]
+            _check_planned(repo, top, [list(files) for _, _, _, files in per_patchset])
+            _check_identity(repo, top)
             if patch is not None:
                 _check_patch_file(patch)
-            per_patchset = []
-            seen: set[str] = set()
-            for ps, out, staged in writing:
-                files = {_repo_path(top, f): data for f, data in staged}
-                overlap = sorted(set(files) & seen)
-                if overlap:
-                    raise UsageError(
-                        f"{top / overlap[0]}: two patchsets rewrite this file; commit them "
-                        "one at a time (--patchset)"
-                    )
-                seen |= set(files)
+            for ps, out, staged, files in per_patchset:
                 names = {relative(f, root): _repo_path(top, f) for f, _ in staged}
-                per_patchset.append((ps, out, files, names))
-            _check_targets(repo, top, sorted(seen))
-            for ps, out, files, names in per_patchset:
                 message = commit_message(out, ps.strategy(strategy), version, names, ps)
                 parent = commits[-1] if commits else None
-                commits.append(_commit_object(repo, files, message, parent))
-            result.paths = sorted(seen)
+                commits.append(_commit_object(repo, files, message, objects.env, parent))
+                result.paths = sorted({*result.paths, *files})
+                for f, data in staged:
+                    real = f.resolve()
+                    undo.files.setdefault(real, (real.read_bytes(), data))
             named.append(name)
 
         mode = Mode.WRITE if commit else Mode.DRY_RUN
-        results = pipeline.apply(
-            tree, chosen, strategy, mode, before_write=before_write, kernels=kernels
-        )
+        try:
+            results = pipeline.apply(
+                tree, chosen, strategy, mode, before_write=before_write, kernels=kernels
+            )
+        except UsageError as exc:
+            raise UsageError(f"{exc}{undo()}") from exc
         out = result.outcome = pipeline.merged(results, root)
         if out.refused or not commits:
             if not out.refused:
@@ -148,20 +157,36 @@ def apply_git(
             return result
         result.commit = commits[-1]
         result.commits = list(commits)
-        if commit:
-            result.previous = _head_name(repo)
-            _switch(repo, named[0], result.commit, result.paths, root, out.written)
-            result.branch = named[0]
-            out.message = (
-                f"patched and committed {len(out.written)} file(s) on branch {named[0]}"
-                + (f" in {len(commits)} commits" if len(commits) > 1 else "")
-            )
-        else:
-            out.message = "patch written; the tree and its branches were not changed"
+        branch = named[0]
+        # Staged before the branch is made: a patch that cannot be written
+        # (a full disk) stops the run with nothing changed.
+        staged = None
         if patch is not None:
-            atomic.write_atomic(patch, _format_patch(repo, commits))
-            result.patch = patch
+            staged = atomic.stage(patch, _format_patch(repo, commits, objects.env))
+        try:
+            if commit:
+                result.previous = _head_name(repo)
+                _switch(repo, branch, result.commit, result.paths, undo, objects)
+                result.branch = branch
+                out.message = (
+                    f"patched and committed {len(out.written)} file(s) on branch {branch}"
+                    + (f" in {len(commits)} commits" if len(commits) > 1 else "")
+                )
+            else:
+                out.message = "patch written; the tree and its branches were not changed"
+            if patch is not None and staged is not None:
+                try:
+                    atomic.commit(staged, patch)
+                except OSError as exc:
+                    made = f"; branch {branch} is made" if commit else ""
+                    raise UsageError(f"{patch}: cannot write ({exc.strerror}){made}") from exc
+                result.patch = patch
+        finally:
+            if staged is not None:
+                staged.unlink(missing_ok=True)
     return result
+
+
 
 
 def commit_message(
@@ -251,6 +276,146 @@ def _check_targets(repo: git.Repo, top: Path, paths: list[str]) -> None:
         raise UsageError(f"{top / rel}: {why}; the backport commit would include it")
 
 
+def _check_identity(repo: git.Repo, top: Path) -> None:
+    """Who the commit is by: asked before the first object is made."""
+    for who in ("GIT_AUTHOR_IDENT", "GIT_COMMITTER_IDENT"):
+        try:
+            repo.git.var(who)
+        except git.GitCommandError as exc:
+            why = (exc.stderr or str(exc)).strip().splitlines()
+            raise UsageError(
+                f"{top}: git cannot make the commit ({why[-1] if why else exc})"
+            ) from exc
+
+
+def _check_planned(repo: git.Repo, top: Path, planned: list[list[str]]) -> None:
+    """The files every patchset will rewrite (planned in a dry run), checked
+    before the first one writes: no file rewritten twice, each one clean."""
+    seen: set[str] = set()
+    for paths in planned:
+        overlap = sorted(seen & set(paths))
+        if overlap:
+            raise UsageError(
+                f"{top / overlap[0]}: two patchsets rewrite this file; commit them "
+                "one at a time (--patchset)"
+            )
+        seen |= set(paths)
+    if seen:
+        _check_targets(repo, top, sorted(seen))
+
+
+class _Undo:
+    """What ``apply --commit`` wrote in the tree, to put back when the run
+    fails after its first write: each file (its bytes before and after)
+    and the records folder (every file but the lock, as it was). Inactive
+    for ``--format-patch`` alone, which writes nothing in the tree (and
+    holds no lock)."""
+
+    def __init__(self, root: Path, active: bool) -> None:
+        self.state = root / atomic.STATE_DIR
+        self.active = active
+        self.files: dict[Path, tuple[bytes, bytes]] = {}
+        self.records: dict[str, bytes | None] | None = None
+        if active:
+            with contextlib.suppress(OSError):
+                self.records = _folder(self.state)
+
+    def __call__(self) -> str:
+        """Put it back; what could not be, as a clause for the message."""
+        kept = ""
+        if not self.active or not self.files:
+            return kept
+        for file, (old, new) in self.files.items():
+            try:
+                if file.read_bytes() == new:
+                    atomic.write_atomic(file, old)
+            except (OSError, UsageError) as exc:
+                kept += f"; {file} keeps the new bytes (cannot put it back: {exc})"
+        if not kept and self.records is not None:
+            # Every file is as before: so must their records be. A file
+            # left patched keeps its record, for revert.
+            with contextlib.suppress(OSError, UsageError):
+                _restore_folder(self.state, self.records)
+        return kept
+
+
+def _folder(state: Path) -> dict[str, bytes | None]:
+    """Every file (its bytes) and folder (None) below ``state``, the lock aside."""
+    found: dict[str, bytes | None] = {}
+    if state.is_symlink() or not state.is_dir():
+        return found
+    for dirpath, dirnames, filenames in os.walk(state):
+        for name in dirnames:
+            found[Path(dirpath, name).relative_to(state).as_posix()] = None
+        for name in filenames:
+            path = Path(dirpath, name)
+            rel = path.relative_to(state).as_posix()
+            if rel != atomic.LOCK and not path.is_symlink():
+                found[rel] = path.read_bytes()
+    return found
+
+
+def _restore_folder(state: Path, was: dict[str, bytes | None]) -> None:
+    now = _folder(state)
+    for rel in sorted(now, reverse=True):  # a folder's files before the folder
+        if rel not in was:
+            if now[rel] is None:
+                (state / rel).rmdir()
+            else:
+                (state / rel).unlink()
+    for rel, data in sorted(was.items()):
+        if data is None:
+            (state / rel).mkdir(exist_ok=True)
+        elif now.get(rel) != data:
+            atomic.write_atomic(state / rel, data)
+
+
+class _Objects:
+    """This run's git objects, in a folder of their own until the branch is made."""
+
+    def __init__(self, folder: Path, store: Path) -> None:
+        self.folder = folder
+        self.store = store
+        alternates = [str(store), *filter(None, [os.environ.get(_ALTERNATES)])]
+        self.env = {"GIT_OBJECT_DIRECTORY": str(folder), _ALTERNATES: os.pathsep.join(alternates)}
+
+    def migrate(self) -> None:
+        """Link every object into the repository's store (content-addressed:
+        one there already is the same); on failure, take those back."""
+        linked: list[Path] = []
+        try:
+            for dirpath, _, filenames in os.walk(self.folder):
+                for name in filenames:
+                    src = Path(dirpath, name)
+                    dest = self.store / src.relative_to(self.folder)
+                    dest.parent.mkdir(exist_ok=True)
+                    with contextlib.suppress(FileExistsError):
+                        os.link(src, dest)
+                        linked.append(dest)
+        except OSError:
+            for dest in linked:
+                dest.unlink(missing_ok=True)
+            raise
+
+
+_ALTERNATES = "GIT_ALTERNATE_OBJECT_DIRECTORIES"
+
+
+@contextlib.contextmanager
+def _quarantine(repo: git.Repo) -> Iterator[_Objects]:
+    where = Path(repo.git.rev_parse("--git-path", "objects"))
+    store = (Path(repo.working_tree_dir or ".") / where).resolve()
+    try:
+        # Named as git names its own: `git gc` removes one a killed run left.
+        folder = tempfile.mkdtemp(prefix="tmp_objdir-gdn-backport-", dir=store)
+    except OSError as exc:
+        raise UsageError(f"{store}: cannot write git objects ({exc.strerror})") from exc
+    try:
+        yield _Objects(Path(folder), store)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _check_patch_file(patch: Path) -> None:
     if patch.is_dir():
         raise UsageError(f"{patch}: is a folder (--format-patch takes a file name)")
@@ -265,25 +430,32 @@ def _repo_path(top: Path, file: Path) -> str:
 
 
 def _commit_object(
-    repo: git.Repo, files: dict[str, bytes], message: str, parent: str | None = None
+    repo: git.Repo,
+    files: dict[str, bytes],
+    message: str,
+    objects: dict[str, str],
+    parent: str | None = None,
 ) -> str:
     """A commit of ``parent``'s tree (default HEAD) with ``files`` replaced,
-    referenced by nothing."""
-    head = repo.commit(parent) if parent else repo.head.commit
+    referenced by nothing, its objects written where ``objects`` (git's
+    environment) says."""
+    head = repo.head.commit
+    base = parent or head.hexsha
     with tempfile.TemporaryDirectory(prefix="gdn-backport-") as tmp:
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        env = {**objects, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
         try:
-            repo.git.read_tree(head.hexsha, env=env)
+            repo.git.read_tree(base, env=env)
             for rel, data in files.items():
                 blob = Path(tmp) / "blob"
                 blob.write_bytes(data)
                 # --path: the file's own attributes (eol, filters) apply, as
                 # `git add` would store it.
-                sha = repo.git.hash_object("-w", f"--path={rel}", str(blob))
+                sha = repo.git.hash_object("-w", f"--path={rel}", str(blob), env=env)
+                # HEAD's mode: a patchset changes bytes only (and no file twice).
                 mode = f"{(head.tree / rel).mode:o}"
                 repo.git.update_index("--cacheinfo", f"{mode},{sha},{rel}", env=env)
             tree = repo.git.write_tree(env=env)
-            return str(repo.git.commit_tree(tree, "-p", head.hexsha, "-m", message))
+            return str(repo.git.commit_tree(tree, "-p", base, "-m", message, env=env))
         except git.GitCommandError as exc:
             why = (exc.stderr or str(exc)).strip().splitlines()
             raise UsageError(
@@ -296,36 +468,47 @@ def _head_name(repo: git.Repo) -> str:
 
 
 def _switch(
-    repo: git.Repo, branch: str, sha: str, paths: list[str], root: Path, written: list[str]
+    repo: git.Repo,
+    branch: str,
+    sha: str,
+    paths: list[str],
+    undo: Callable[[], str],
+    objects: _Objects,
 ) -> None:
     """Make ``branch`` at HEAD, check it out, move it to ``sha`` (whose files
-    the work tree already holds) and refresh those index entries. Nothing
-    else in the index or the work tree is touched. On failure, undo all."""
+    the work tree already holds), refresh those index entries and move the
+    run's objects into the repository. Nothing else in the index or the
+    work tree is touched. On failure, undo all."""
     previous = _head_name(repo)
     made = False
+    env = objects.env
     try:
         # Checking out a branch at HEAD keeps every local change (ours too).
-        repo.git.checkout("-q", "-b", branch)
+        repo.git.checkout("-q", "-b", branch, env=env)
         made = True
-        repo.git.reset("-q", "--soft", sha)
-        repo.git.reset("-q", "--", *paths, env=LITERAL)
-    except git.GitCommandError as exc:
+        repo.git.reset("-q", "--soft", sha, env=env)
+        repo.git.reset("-q", "--", *paths, env={**LITERAL, **env})
+        objects.migrate()
+    except (git.GitCommandError, OSError) as exc:
         # Files first (ours only: records of earlier runs stay): with them
         # back at HEAD's bytes, checking the previous branch out cannot conflict.
-        for rel in written:
-            revert_tree(root / rel, root=root)
+        kept = undo()
         with contextlib.suppress(git.GitCommandError):
             if made:
-                repo.git.checkout("-q", previous)
-                repo.git.branch("-D", branch)
-        why = (exc.stderr or str(exc)).strip().splitlines()
+                repo.git.checkout("-q", previous, env=env)
+                repo.git.branch("-D", branch, env=env)
+        if isinstance(exc, git.GitCommandError):
+            lines = (exc.stderr or str(exc)).strip().splitlines()
+            why = lines[-1] if lines else str(exc)
+        else:
+            why = f"cannot move the commit into {objects.store}: {exc.strerror}"
+        files = "the branches" if kept else "the files and branches"
         raise UsageError(
-            f"{repo.working_tree_dir}: git failed ({why[-1] if why else exc}); "
-            "the files and branches are as before"
+            f"{repo.working_tree_dir}: git failed ({why}); {files} are as before{kept}"
         ) from exc
 
 
-def _format_patch(repo: git.Repo, commits: list[str]) -> bytes:
+def _format_patch(repo: git.Repo, commits: list[str], objects: dict[str, str]) -> bytes:
     # The a/ b/ prefixes `git am` expects, whatever the user's diff config.
     data = repo.git(c="diff.noprefix=false").format_patch(
         f"-{len(commits)}",
@@ -333,5 +516,6 @@ def _format_patch(repo: git.Repo, commits: list[str]) -> bytes:
         commits[-1],
         stdout_as_string=False,
         strip_newline_in_stdout=False,
+        env=objects,
     )
     return bytes(data)

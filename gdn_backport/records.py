@@ -124,7 +124,13 @@ class Records:
         self._records: dict[tuple[str, str], Record] = {}
         # Format 1 kept an original at originals/<path>: where to read it.
         self._legacy: dict[str, Path] = {}
+        # What this instance found and made: a run that ends with the records
+        # it found (a refused write) leaves the folder as it was.
+        self._found: bytes | None = None  # the manifest's bytes (None: no manifest)
+        self._made: list[Path] = []  # folders and stored originals made here
+        self._saved = False  # the manifest on disk is one this instance wrote
         self._load()
+        self._loaded = dict(self._records)
 
     # -- loading and checking ------------------------------------------------------
 
@@ -150,7 +156,8 @@ class Records:
         if not stat.S_ISREG(mode):
             raise self._refuse("not a regular file")
         try:
-            raw = json.loads(self.manifest.read_bytes())
+            self._found = self.manifest.read_bytes()
+            raw = json.loads(self._found)
         except OSError as exc:
             raise UsageError(f"{self.manifest}: cannot read ({exc.strerror})") from exc
         except ValueError as exc:
@@ -257,10 +264,19 @@ class Records:
         if sha256(original) != record.original_sha256:
             raise ValueError("the original's sha256 differs from the record's")
         dest = self.folder / record.original_sha256
-        self.state.mkdir(exist_ok=True)
-        self.folder.mkdir(exist_ok=True)
+        for folder in (self.state, self.folder):
+            with contextlib.suppress(FileExistsError):
+                folder.mkdir()
+                self._made.append(folder)
         if not (dest.is_file() and sha256(dest.read_bytes()) == record.original_sha256):
-            atomic.write_atomic(dest, original)
+            new = not os.path.lexists(dest)
+            try:
+                atomic.write_atomic(dest, original)
+            except (OSError, UsageError):
+                self._undo()
+                raise
+            if new:
+                self._made.append(dest)
         self._legacy.pop(record.original_sha256, None)
         replaced = self._records.get(record.key)
         self._records[record.key] = record
@@ -274,18 +290,47 @@ class Records:
 
     def save(self) -> None:
         """Write the manifest (atomically) in format 2. Originals still named
-        by the old layout are copied to their content address first."""
+        by the old layout are copied to their content address first. With
+        the records it loaded (a failed write took its records back), the
+        folder is put back as it was found instead: no manifest or original
+        of this instance's is left."""
+        if self._records == self._loaded:
+            if self._saved:
+                if self._found is None:
+                    self.manifest.unlink(missing_ok=True)
+                else:
+                    atomic.write_atomic(self.manifest, self._found)
+                self._saved = False
+            self._undo()
+            return
         for record in self._records.values():
             if record.original_sha256 in self._legacy:
                 self.add(record, self.original(record))
         doc = {"format": FORMAT, "records": [asdict(r) for r in self]}
         self.state.mkdir(exist_ok=True)
-        ignore = self.state / ".gitignore"
-        if not ignore.exists():
-            # The records stay out of the user's git status (and commits).
-            ignore.write_text("*\n")
         data = json.dumps(doc, indent=2) + "\n"
-        atomic.write_atomic(self.manifest, data.encode())
+        try:
+            # The records stay out of the user's git status (and commits):
+            # every run that writes them mends a .gitignore a full disk left empty.
+            atomic.ensure_gitignore(self.state)
+            atomic.write_atomic(self.manifest, data.encode())
+        except (OSError, UsageError):
+            self._undo()
+            raise
+        self._saved = True
+
+    def _undo(self) -> None:
+        """Remove the stored originals and folders this instance made, while
+        no manifest of its own names them."""
+        if self._saved:
+            return
+        for path in reversed(self._made):
+            with contextlib.suppress(OSError):
+                if path.is_dir() and not path.is_symlink():
+                    path.rmdir()
+                else:
+                    path.unlink()
+        self._made.clear()
 
     def collect(self) -> list[Path]:
         """Remove stored originals no record names (and format 1's folders);

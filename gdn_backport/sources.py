@@ -10,6 +10,7 @@ publishes; extraction refuses members that would land outside the target.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from urllib.parse import urljoin
 
 from packaging.version import InvalidVersion, Version
 
+from gdn_backport import atomic
 from gdn_backport.errors import UsageError
 
 DEFAULT_INDEX = "https://pypi.org/pypi/vllm/json"
@@ -46,6 +48,31 @@ def cache_dir() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "gdn-backport"
 
 
+def _cache_folder(*parts: str) -> Path:
+    """``cache_dir() / parts``, made if missing. UsageError naming the cache
+    and the real reason when it cannot be used (a file where it should be,
+    no permission): not to be mistaken for the network's failure."""
+    root = cache_dir()
+    folder = root.joinpath(*parts)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        # Every use writes in it: find out now, not half-way.
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".gdn-backport.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise _unusable(root, exc) from exc
+    return folder
+
+
+def _unusable(root: Path, exc: OSError) -> UsageError:
+    why = "not a folder" if root.exists() and not root.is_dir() else exc.strerror or str(exc)
+    return UsageError(
+        f"{root}: cannot use it as gdn-backport's release cache ({why}); "
+        "set GDN_BACKPORT_CACHE to a folder you can write"
+    )
+
+
 def index_url() -> str:
     """PyPI's JSON API for vllm; ``$GDN_BACKPORT_INDEX`` points elsewhere
     (a mirror, or a ``file://`` document in tests)."""
@@ -57,14 +84,18 @@ def _index() -> dict[str, object]:
     url = index_url()
     offline = os.environ.get("GDN_BACKPORT_OFFLINE") == "1"
     if not offline:
+        _cache_folder("index")
         try:
             with urllib.request.urlopen(url, timeout=60) as resp:
                 data = resp.read()
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_bytes(cached, data)
-        except OSError as exc:
+        except (OSError, http.client.HTTPException) as exc:
             if not cached.exists():
                 raise UsageError(f"{url}: cannot reach the index ({exc})") from exc
+        else:
+            try:
+                _atomic_bytes(cached, data)
+            except OSError as exc:
+                raise _unusable(cache_dir(), exc) from exc
     if not cached.exists():
         raise UsageError(f"{cached}: offline and no cached index")
     loaded: dict[str, object] = json.loads(cached.read_bytes())
@@ -78,20 +109,49 @@ def _same(listed: str, wanted: Version) -> bool:
         return False
 
 
-def artifact(version: str) -> Artifact:
-    """The archive to fetch for ``version``: the sdist, else a wheel."""
+def check_spelling(version: str) -> str:
+    """``version`` if it is spelled as the index lists releases (a
+    normalised version: 0.25.1, 0.9.0.1); else UsageError, with the
+    spelling that is where there is one. Needs no network."""
     try:
-        wanted = Version(version)
-    except InvalidVersion as exc:
-        raise UsageError(f"{version}: not a version number") from exc
+        normal = str(Version(version))
+    except InvalidVersion:
+        normal = None
+    if normal == version:
+        return version
+    hint = f" (did you mean {normal}?)" if normal else " (a release is X.Y.Z, e.g. 0.25.1)"
+    raise UsageError(f"vllm {version!r}: not a version as the index lists releases{hint}")
+
+
+def _near(version: str, listed: list[str]) -> list[str]:
+    """The listed releases ``version`` comes close to (0.25 -> 0.25.1 and
+    0.25.0), newest first: only for the message, never to choose one."""
+    wanted = Version(version)
+    near = []
+    for name in listed:
+        try:
+            got = Version(name)
+        except InvalidVersion:
+            continue
+        if got == wanted or got.release[: len(wanted.release)] == wanted.release:
+            near.append(got)
+    return [str(v) for v in sorted(near, reverse=True)[:3]]
+
+
+def artifact(version: str) -> Artifact:
+    """The archive to fetch for ``version``, a release exactly as the index
+    lists it: the sdist, else a wheel."""
+    check_spelling(version)
     url = index_url()
     releases = _index().get("releases")
     if not isinstance(releases, dict):
         raise UsageError(f"{url}: no 'releases' in the index document")
-    listed = next((v for v in releases if _same(v, wanted)), None)
+    listed = version if version in releases else None
     files = releases.get(listed) if listed is not None else None
     if not files:
-        raise UsageError(f"vllm {version}: no such release on the index")
+        near = _near(version, [str(v) for v in releases])
+        hint = f"; did you mean {' or '.join(near)}?" if near else ""
+        raise UsageError(f"vllm {version}: no such release on the index{hint}")
     live = [f for f in files if not f.get("yanked")] or files
     sdists = [f for f in live if f.get("packagetype") == "sdist"]
     wheels = [f for f in live if f.get("filename", "").endswith(_WHEEL_SUFFIX)]
@@ -107,6 +167,15 @@ def artifact(version: str) -> Artifact:
         url=urljoin(url, chosen["url"]),
         sha256=chosen["digests"]["sha256"],
         kind=kind,
+    )
+
+
+def _cut(art: Artifact, exc: BaseException) -> UsageError:
+    """The download of ``art`` failed on the network: why, in one line."""
+    reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or exc
+    why = " ".join(str(reason).split()) or type(exc).__name__
+    return UsageError(
+        f"{art.url}: cannot download vllm {art.version} ({why}); nothing was kept, run again"
     )
 
 
@@ -132,15 +201,36 @@ def download(art: Artifact) -> Path:
         return dest
     if os.environ.get("GDN_BACKPORT_OFFLINE") == "1":
         raise UsageError(f"{dest}: offline and not in the cache")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    _cache_folder("dist")
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{art.filename}.")
     try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(art.url, timeout=600) as resp:
-            shutil.copyfileobj(resp, out, 1 << 20)
+        with os.fdopen(fd, "wb") as out:
+            # The network's failures and the cache's are told apart: each
+            # names its own place.
+            try:
+                resp = urllib.request.urlopen(art.url, timeout=600)
+            except (OSError, http.client.HTTPException) as exc:
+                raise _cut(art, exc) from exc
+            with resp:
+                while True:
+                    try:
+                        chunk = resp.read(1 << 20)
+                    except (OSError, http.client.HTTPException) as exc:
+                        raise _cut(art, exc) from exc
+                    if not chunk:
+                        break
+                    try:
+                        out.write(chunk)
+                    except OSError as exc:
+                        raise UsageError(
+                            f"{dest}: cannot write in the release cache ({exc.strerror}); "
+                            "nothing was kept"
+                        ) from exc
         got = _sha256(Path(tmp))
         if got != art.sha256:
             raise UsageError(
-                f"{art.filename}: sha256 {got} does not match the index's {art.sha256}"
+                f"{art.filename}: sha256 {got} does not match the index's {art.sha256} "
+                "(a cut or altered download; nothing was kept)"
             )
         os.replace(tmp, dest)
     finally:
@@ -200,20 +290,15 @@ def release_tree(version: str) -> Path:
     The tree is extracted once into the cache; callers that patch it must
     copy it first (see :func:`copy_release`).
     """
-    try:
-        wanted = Version(version)
-    except InvalidVersion as exc:
-        raise UsageError(f"{version}: not a version number") from exc
+    check_spelling(version)
     # A completed extraction was verified when it was made: no index needed.
-    trees = cache_dir() / "trees"
-    if trees.is_dir():
-        for cached in trees.iterdir():
-            if _same(cached.name, wanted) and (cached / _DONE).exists():
-                return cached
+    cached = cache_dir() / "trees" / version
+    if cached.is_dir() and (cached / _DONE).exists():
+        return cached
     art = artifact(version)
     root = cache_dir() / "trees" / art.version
     archive = download(art)
-    root.parent.mkdir(parents=True, exist_ok=True)
+    _cache_folder("trees")
     staging = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{art.version}."))
     try:
         if art.kind == "sdist":
@@ -224,6 +309,11 @@ def release_tree(version: str) -> Path:
         if root.exists():
             shutil.rmtree(root)
         os.replace(staging, root)
+    except OSError as exc:
+        raise UsageError(
+            f"{root}: cannot extract vllm {art.version} into the release cache "
+            f"({exc.strerror}); nothing was kept"
+        ) from exc
     finally:
         if staging.exists():
             shutil.rmtree(staging)
@@ -325,7 +415,7 @@ def _fill(tree: Path, dest: Path, stamp: dict[str, str]) -> None:
     shutil.copytree(tree, dest, ignore=shutil.ignore_patterns(_DONE), dirs_exist_ok=True)
     state = dest / _STATE
     state.mkdir(exist_ok=True)
-    (state / ".gitignore").write_text("*\n")
+    atomic.ensure_gitignore(state)
     marker = {"format": 1, "made_by": "gdn-backport", **stamp}
     (state / WORKDIR_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 

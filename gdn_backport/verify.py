@@ -114,6 +114,12 @@ class VerifyReport:
         return "\n".join(lines)
 
 
+# The first Triton that cannot run vLLM's FLA kernels: 3.9 removed block
+# pointers (tl.make_block_ptr). pyproject's `kernels` extra pins triton below
+# it; a test holds the two together.
+TRITON_TOO_NEW = (3, 9)
+
+
 def triton_problem() -> str:
     """Why the installed Triton cannot run vLLM's FLA kernels, or ""."""
     try:
@@ -122,10 +128,11 @@ def triton_problem() -> str:
         return "triton is not installed"
     from packaging.version import Version
 
-    if Version(triton.__version__).release >= (3, 9):
+    if Version(triton.__version__).release >= TRITON_TOO_NEW:
+        bound = ".".join(map(str, TRITON_TOO_NEW))
         return (
             f"triton {triton.__version__} removed block pointers (tl.make_block_ptr), which "
-            "vLLM's FLA kernels use; install triton<3.9 (vLLM's releases pin 3.x <= 3.6)"
+            f"vLLM's FLA kernels use; install triton<{bound} (vLLM's releases pin 3.x <= 3.6)"
         )
     return ""
 

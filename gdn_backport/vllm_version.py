@@ -4,7 +4,10 @@ Importing ``vllm`` would run the target's code (and needs torch, a GPU
 build...); the version is only shown to the user and written into commit
 messages, never used to decide anything (the analysis decides by the code).
 
-Where it comes from, first found wins, at the folder holding ``vllm/``:
+Where it comes from, first found wins, at the folder holding ``vllm/`` (the
+path itself or above it; else the one folder below it that holds a ``vllm``
+package, as an unpacked sdist ``PATH/vllm-X.Y.Z/vllm/`` does: several such
+folders name no one version):
 
 1. ``git describe --tags --match 'v[0-9]*'``, only when ``vllm/__init__.py``
    is tracked by that repository: a checkout's generated ``_version.py`` is
@@ -31,18 +34,26 @@ __all__ = ["VllmVersion", "detect", "line", "to_json"]
 @dataclass(frozen=True)
 class VllmVersion:
     version: str
-    source: str  # relative to the folder holding vllm/, or "git describe"
+    # relative to the folder holding vllm/ (to the path given, when that is
+    # one folder above it), or "git describe"
+    source: str
 
 
 def detect(path: Path) -> VllmVersion | None:
     """The version of the vLLM tree ``path`` is in (a root, a folder or a file)."""
-    base = _package_root(path if path.is_dir() else path.parent)
+    start = path if path.is_dir() else path.parent
+    base, prefix = _package_root(start), ""
     if base is None:
-        return None
+        base = _one_folder_down(start)
+        if base is None:
+            return None
+        prefix = f"{base.name}/"
     for probe in (_from_git, _from_version_py, _from_pkg_info, _from_dist_info):
         found = probe(base)
         if found is not None:
-            return found
+            if found.source == "git describe":
+                return found
+            return VllmVersion(found.version, prefix + found.source)
     return None
 
 
@@ -64,6 +75,19 @@ def _package_root(start: Path) -> Path | None:
         if (folder / "vllm").is_dir():
             return folder
     return None
+
+
+def _one_folder_down(start: Path) -> Path | None:
+    """The one folder in ``start`` that holds a ``vllm`` package, if exactly one does."""
+    try:
+        found = [
+            entry
+            for entry in sorted(start.resolve().iterdir())
+            if entry.is_dir() and (entry / "vllm" / "__init__.py").is_file()
+        ]
+    except OSError:
+        return None
+    return found[0] if len(found) == 1 else None
 
 
 def _from_git(base: Path) -> VllmVersion | None:

@@ -17,6 +17,13 @@ AFFECTED = GatherGatesCodemod.REWRITES[0][0]
 FIXED = GatherGatesCodemod.REWRITES[0][1]
 
 
+@pytest.fixture(autouse=True)
+def _wide_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables wrap at the terminal's width (100 without one: report.py);
+    tests look for whole cells in them, so they get a wide one."""
+    monkeypatch.setenv("COLUMNS", "1000")
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     """The CLI in process: its exit code, stdout and stderr."""
     code = main(list(argv))

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import copy
+import errno
+import os
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gdn_backport.errors import UsageError
 from gdn_backport.patchsets.pr51812.config import load, parse
+from tests.conftest import run
+from tests.test_engine import SITE
 
 
 def test_shipped_patchset() -> None:
@@ -58,3 +64,78 @@ def test_row_gather_table() -> None:
     data["row_gather"] = {"names": ["m.f"], "params": ["index", "x"]}  # type: ignore[index]
     with pytest.raises(UsageError, match="row_gather: params must be"):
         parse(data, "patchsets/pr51812/patchset.toml")
+
+
+# -- a fork's declarations that are not readable files (D22) -------------------------------
+
+
+def _bad(root: Path, kind: str, name: str = ".gdn-backport.toml") -> Path:
+    """Something of a declaration's name that is not a readable regular file."""
+    path = root / name
+    if kind == "folder":
+        path.mkdir()
+        (path / "kernel.toml").write_text("[[kernel]]\n")
+    elif kind == "dangling-link":
+        path.symlink_to(root / "gone.toml")
+    elif kind == "link-to-folder":
+        (root / "decl").mkdir()
+        path.symlink_to(root / "decl", target_is_directory=True)
+    else:
+        os.mkfifo(path)
+    return path
+
+
+KINDS = {
+    "folder": "a folder, not a TOML file of kernel declarations",
+    "dangling-link": "a symbolic link to nothing",
+    "link-to-folder": "a folder, not a TOML file of kernel declarations",
+    "fifo": "not a regular file",
+}
+
+
+@pytest.mark.parametrize("name", [".gdn-backport.toml", "pyproject.toml"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_declaration_that_is_no_regular_file_is_refused(
+    capsys: pytest.CaptureFixture[str], affected_tree: Path, kind: str, name: str
+) -> None:
+    """D22: a ``.gdn-backport.toml`` (or ``pyproject.toml``) at the tree root
+    that is a folder, a dangling link or a FIFO was silently ignored (the
+    fork's kernels undeclared, and a FIFO would hang the read); every other
+    bad declaration is refused: so is this, naming it, exit 2."""
+    path = _bad(affected_tree, kind, name)
+    for argv in (["scan"], ["apply", "--check"], ["apply", "--dry-run"], ["apply"]):
+        code, out, err = run(capsys, *argv, str(affected_tree))
+        assert (code, out) == (2, ""), argv
+        assert err == f"gdn-backport: {path}: {KINDS[kind]}\n", argv
+    assert "a_spec" not in (affected_tree / SITE).read_text()
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_kernels_option_that_is_no_regular_file_is_refused(
+    capsys: pytest.CaptureFixture[str], affected_tree: Path, tmp_path: Path, kind: str
+) -> None:
+    """D22: ``--kernels FILE`` naming a folder said "no such file"; a
+    dangling link, a FIFO: each one line naming it, exit 2."""
+    path = _bad(tmp_path, kind, "kernels.toml")
+    code, out, err = run(capsys, "scan", "--kernels", str(path), str(affected_tree))
+    assert (code, out) == (2, "")
+    assert err == f"gdn-backport: {path}: {KINDS[kind]}\n"
+
+
+def test_an_unreadable_declaration_is_refused(
+    capsys: pytest.CaptureFixture[str], affected_tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D22: one that cannot be read (its mode, as another user): named, exit 2."""
+    path = affected_tree / ".gdn-backport.toml"
+    path.write_text("[[kernel]]\n")
+    real = Path.read_text
+
+    def read_text(self: Path, *args: Any, **kwargs: Any) -> str:
+        if self == path:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    code, out, err = run(capsys, "scan", str(affected_tree))
+    assert (code, out) == (2, "")
+    assert err == f"gdn-backport: {path}: cannot read (Permission denied)\n"

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import http.client
 import io
 import json
+import os
 import tarfile
+import tempfile
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -13,6 +18,7 @@ import pytest
 
 from gdn_backport import sources
 from gdn_backport.errors import UsageError
+from tests.conftest import run
 
 
 def _sdist(path: Path, version: str, members: dict[str, bytes]) -> Path:
@@ -66,7 +72,7 @@ def test_release_tree_extracts_only_the_package(tmp_path: Path, index) -> None: 
     assert files == ["vllm/__init__.py", "vllm/a/b.py"]
     # A second call is served from the cache, even offline.
     archive.unlink()
-    assert sources.release_tree("9.0") == tree
+    assert sources.release_tree("9.0.0") == tree
 
 
 def test_sha256_mismatch_is_refused(tmp_path: Path, index) -> None:  # type: ignore[no-untyped-def]
@@ -109,3 +115,204 @@ def test_unknown_release_and_bad_version(index) -> None:  # type: ignore[no-unty
         sources.release_tree("1.2.3")
     with pytest.raises(UsageError, match="not a version"):
         sources.release_tree("latest")
+
+
+# -- the network and the cache failing (issue D9, D13, D25) -------------------------------
+
+
+class _Response(io.BytesIO):
+    """An HTTP response whose body stops after ``upto`` bytes: with
+    ``fail``, that read raises it (a reset connection); else it ends early."""
+
+    def __init__(self, data: bytes, upto: int, fail: BaseException | None) -> None:
+        super().__init__(data[:upto])
+        self.fail = fail
+
+    def read(self, size: int | None = -1) -> bytes:
+        chunk = super().read(size)
+        if not chunk and self.fail is not None:
+            raise self.fail
+        return chunk
+
+
+def _cut_downloads(monkeypatch: pytest.MonkeyPatch, fail: BaseException | None) -> None:
+    """Archives (not the index) come through a connection cut half-way."""
+    real = urllib.request.urlopen
+
+    def urlopen(url: str, *args: object, **kwargs: object) -> object:
+        if not url.endswith(".tar.gz"):
+            return real(url, *args, **kwargs)  # type: ignore[arg-type]
+        data = Path(url.removeprefix("file://")).read_bytes()
+        return _Response(data, len(data) // 2, fail)
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+
+
+def _cache_files() -> list[str]:
+    cache = sources.cache_dir()
+    return sorted(
+        p.relative_to(cache).as_posix()
+        for p in cache.rglob("*")
+        if p.is_file() and "index" not in p.parts
+    )
+
+
+@pytest.mark.parametrize(
+    "fail",
+    [
+        ConnectionResetError(104, "Connection reset by peer"),
+        http.client.IncompleteRead(b"x" * 10, 90),
+        TimeoutError("timed out"),
+    ],
+    ids=["reset", "incomplete", "timeout"],
+)
+def test_a_download_cut_mid_way_is_one_line_and_leaves_nothing(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    index,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+    fail: BaseException,
+) -> None:
+    """D9: the connection fails half-way through the sdist: one line naming
+    the URL, the release and the reason, exit 2, no partial file in the
+    cache (it used to be a raw traceback, exit 1)."""
+    archive = _sdist(tmp_path / "vllm-9.0.3.tar.gz", "9.0.3", {"vllm-9.0.3/vllm/x.py": b"x" * 999})
+    index("9.0.3", archive)
+    _cut_downloads(monkeypatch, fail)
+    for argv in (["fetch", "9.0.3"], ["scan", "--release", "9.0.3"]):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (2, ""), err
+        assert err.count("\n") == 1, err
+        assert err.startswith(f"gdn-backport: {archive.as_uri()}: cannot download vllm 9.0.3 (")
+        assert _cache_files() == []
+
+
+def test_a_truncated_download_fails_its_sha256_and_leaves_nothing(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    index,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """D9: the body ends early without an error: the sha256 check refuses
+    it in one line, and nothing is kept for a later run to trust."""
+    archive = _sdist(tmp_path / "vllm-9.0.4.tar.gz", "9.0.4", {"vllm-9.0.4/vllm/x.py": b"x" * 999})
+    index("9.0.4", archive)
+    _cut_downloads(monkeypatch, None)
+    code, out, err = run(capsys, "fetch", "9.0.4")
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1 and archive.name in err and "does not match" in err, err
+    assert _cache_files() == []
+
+
+def test_a_cache_that_is_a_file_is_named_not_the_network(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    index,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """D13: ``GDN_BACKPORT_CACHE`` names a file: one line naming the cache
+    and why, exit 2 (it used to say "cannot reach the index")."""
+    archive = _sdist(tmp_path / "vllm-9.0.5.tar.gz", "9.0.5", {"vllm-9.0.5/vllm/x.py": b""})
+    index("9.0.5", archive)
+    cache = tmp_path / "a-file"
+    cache.write_text("not a cache\n")
+    monkeypatch.setenv("GDN_BACKPORT_CACHE", str(cache))
+    for argv in (["fetch", "9.0.5"], ["scan", "--release", "9.0.5"]):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (2, "")
+        assert err == (
+            f"gdn-backport: {cache}: cannot use it as gdn-backport's release cache (not a "
+            "folder); set GDN_BACKPORT_CACHE to a folder you can write\n"
+        )
+    assert cache.read_text() == "not a cache\n"
+
+
+def test_a_cache_folder_without_write_permission_is_named(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    index,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """D13: a cache folder no file can be made in (its owner is another
+    user; as root, the refusal is simulated where the file is made): the
+    cache and "Permission denied", not the index."""
+    archive = _sdist(tmp_path / "vllm-9.0.6.tar.gz", "9.0.6", {"vllm-9.0.6/vllm/x.py": b""})
+    index("9.0.6", archive)
+    cache = sources.cache_dir()
+    (cache / "index").mkdir(parents=True)
+    real = tempfile.mkstemp
+
+    def mkstemp(*args: object, **kwargs: object) -> tuple[int, str]:
+        if cache in Path(str(kwargs.get("dir"))).parents:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        return real(*args, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    code, out, err = run(capsys, "fetch", "9.0.6")
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1 and err.startswith(f"gdn-backport: {cache}: cannot use it"), err
+    assert "(Permission denied)" in err and "index" not in err
+
+
+@pytest.mark.parametrize(
+    ("given", "hint"),
+    [
+        ("v0.25.1", "did you mean 0.25.1?"),
+        (" 0.25.1", "did you mean 0.25.1?"),
+        ("0.25.1 ", "did you mean 0.25.1?"),
+        ("0.25.01", "did you mean 0.25.1?"),
+        ("latest", "a release is X.Y.Z, e.g. 0.25.1"),
+        ("", "a release is X.Y.Z, e.g. 0.25.1"),
+    ],
+)
+def test_an_ill_formed_release_is_refused_without_the_network(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    given: str,
+    hint: str,
+) -> None:
+    """D25: a release is spelled exactly as the index lists it; anything
+    else is one line, exit 2, before any network access or copy (``v0.25.1``
+    and `` 0.25.1`` used to be taken for 0.25.1)."""
+
+    def no_network(*args: object, **kwargs: object) -> object:
+        raise AssertionError("the index was asked")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    monkeypatch.chdir(tmp_path)
+    for argv in (
+        ["fetch", given],
+        ["scan", "--release", given],
+        ["apply", "--release", given, "--dry-run"],
+        ["apply", "--release", given],
+        ["revert", "--release", given],
+    ):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (2, ""), argv
+        assert err == (
+            f"gdn-backport: vllm {given!r}: not a version as the index lists releases ({hint})\n"
+        ), argv
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_release_the_index_does_not_list_is_refused_with_the_near_misses(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    index,  # type: ignore[no-untyped-def]
+) -> None:
+    """D25: ``--release 9.1`` is not 9.1.0 (it used to fetch 9.1.0 without a
+    word): refused, naming the releases it comes close to, newest first."""
+    for version in ("9.1.0", "9.1.1", "9.2.0"):
+        name = f"vllm-{version}"
+        index(version, _sdist(tmp_path / f"{name}.tar.gz", version, {f"{name}/vllm/x.py": b""}))
+    for given, hint in (
+        ("9.1", "; did you mean 9.1.1 or 9.1.0?"),
+        ("9.1.0.0", "; did you mean 9.1.0?"),
+        ("9.3.0", ""),
+    ):
+        code, out, err = run(capsys, "fetch", given)
+        assert (code, out) == (2, ""), given
+        assert err == f"gdn-backport: vllm {given}: no such release on the index{hint}\n"
+    assert not (sources.cache_dir() / "trees").exists()
+    assert run(capsys, "fetch", "9.1.1")[0] == 0

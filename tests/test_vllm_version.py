@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
+import tarfile
 from pathlib import Path
 
 import git
 import pytest
 
+from gdn_backport import sources
 from gdn_backport.cli import main
 from gdn_backport.vllm_version import VllmVersion, detect, line, to_json
 
@@ -139,3 +143,36 @@ def test_cli_prints_the_version(capsys: pytest.CaptureFixture[str], affected_tre
 def test_real_releases(release: object, version: str) -> None:
     tree = release(version)  # type: ignore[operator]
     assert detect(tree) == VllmVersion(version, "vllm/_version.py")
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("has_version_py", [True, False], ids=["version-py", "pkg-info"])
+def test_the_sdist_layout_one_folder_down(
+    capsys: pytest.CaptureFixture[str], release: object, tmp_path: Path, has_version_py: bool
+) -> None:
+    """D17: PATH holds the unpacked sdist ``vllm-0.25.1/`` (vllm/ one folder
+    down, the layout the README documents): the version comes from that
+    tree's own files (its ``vllm/_version.py``, else the sdist's
+    ``PKG-INFO``), named relative to PATH (it used to be "unknown")."""
+    tree = release("0.25.1")  # type: ignore[operator]
+    name, digest = (tree / ".gdn-backport-complete").read_text().split()
+    archive = sources.cache_dir() / "dist" / name
+    assert hashlib.sha256(archive.read_bytes()).hexdigest() == digest
+    path = tmp_path / "src"
+    sdist = path / "vllm-0.25.1"
+    shutil.copytree(tree / "vllm", sdist / "vllm")
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("vllm-0.25.1/PKG-INFO")
+        assert member is not None
+        (sdist / "PKG-INFO").write_bytes(member.read())
+    if not has_version_py:
+        (sdist / "vllm" / "_version.py").unlink()
+    source = "vllm-0.25.1/vllm/_version.py" if has_version_py else "vllm-0.25.1/PKG-INFO"
+    assert main(["scan", str(path)]) == 1
+    assert capsys.readouterr().out.splitlines()[1] == f"vllm version: 0.25.1 (from {source})"
+    assert main(["scan", str(path), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["vllm_version"] == {"version": "0.25.1", "source": source}
+    # Two unpacked releases side by side name no one version: none is guessed.
+    _tree(path / "vllm-0.27.1")
+    assert detect(path) is None

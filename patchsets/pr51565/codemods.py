@@ -172,8 +172,9 @@ class _Rewriter(cst.CSTTransformer):
             raise Refusal(
                 f"{where}: this tree has no {', '.join(missing)}: no stateless rule tells a "
                 "new one-token request from a capture dummy (both have seq_len == "
-                "query_len) and keeps the split honest; not patched (see NOTES: "
-                "move to a release with these fields, 0.20.0 or later, and apply there)"
+                "query_len) and keeps the split honest; not patched (docs/refusals.md, "
+                '"Patchset pr51565": move to a release with these fields, 0.20.0 or later, '
+                "and apply there)"
             )
         a = self._assign(stmt)
         assert a is not None and isinstance(a.value, cst.Call)

@@ -12,6 +12,8 @@ redefine a kernel or a benign call of the patchset.
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -225,7 +227,25 @@ def load() -> Patchset:
 OVERLAY = ".gdn-backport.toml"
 
 
+def _regular(path: Path) -> None:
+    """UsageError (naming ``path``) unless it is a regular file, through a
+    link or not: a folder, a dangling link or a FIFO of a declaration's
+    name is a broken declaration, never one that is not there."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        why = "a symbolic link to nothing" if path.is_symlink() else "no such file"
+        raise UsageError(f"{path}: {why}") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
+    if stat.S_ISDIR(mode):
+        raise UsageError(f"{path}: a folder, not a TOML file of kernel declarations")
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"{path}: not a regular file")
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
+    _regular(path)
     try:
         data: dict[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -246,14 +266,16 @@ def declaration_files(root: Path) -> list[Path]:
     """Where a tree declares its kernels: ``.gdn-backport.toml`` and
     ``pyproject.toml`` in ``root`` (the folder scanned, or for one file its
     folder and the folders above it up to the git work tree's top)."""
+    # Whatever holds a declaration's name counts (lexists): read, it is
+    # refused unless it is a readable regular file.
     folders = [root]
-    if not (root / OVERLAY).is_file() and not (root / "pyproject.toml").is_file():
+    if not os.path.lexists(root / OVERLAY) and not os.path.lexists(root / "pyproject.toml"):
         for parent in root.parents:
             folders.append(parent)
-            if (parent / ".git").exists() or (parent / OVERLAY).is_file():
+            if (parent / ".git").exists() or os.path.lexists(parent / OVERLAY):
                 break
     for folder in folders:
-        found = [p for p in (folder / OVERLAY, folder / "pyproject.toml") if p.is_file()]
+        found = [p for p in (folder / OVERLAY, folder / "pyproject.toml") if os.path.lexists(p)]
         if found:
             return found
     return []
@@ -263,8 +285,6 @@ def declared_kernels(root: Path | None, files: Sequence[Path] = ()) -> list[Kern
     """The kernels a tree declares, plus those of ``--kernels`` files."""
     out: list[KernelSpec] = []
     for file in [*(declaration_files(root) if root is not None else []), *files]:
-        if not file.is_file():
-            raise UsageError(f"{file}: no such file")
         data = _read_toml(file)
         if file.name == "pyproject.toml":
             tool = data.get("tool", {})
