@@ -27,11 +27,16 @@ class Verdict:
 
 
 class PassRule(Protocol):
-    kind: str
+    @property
+    def kind(self) -> str: ...
 
     @property
     def tags(self) -> tuple[str, ...]:
         """The tags whose errors the report shows as "tagged"."""
+
+    @property
+    def alone_roles(self) -> tuple[str, ...]:
+        """Roles of the requests to run alone in a fresh engine (none: no alone run)."""
 
     def evaluate(self, ev: Evidence) -> Verdict: ...
 
@@ -65,6 +70,10 @@ class TaggedFloorRule:
     @property
     def tags(self) -> tuple[str, ...]:
         return self.tagged_tags
+
+    @property
+    def alone_roles(self) -> tuple[str, ...]:
+        return ()
 
     def evaluate(self, ev: Evidence) -> Verdict:
         gate = _gates(ev, self.require_gates)
@@ -113,6 +122,10 @@ class AloneMatchRule:
     @property
     def tags(self) -> tuple[str, ...]:
         return ("new_row", "stale")
+
+    @property
+    def alone_roles(self) -> tuple[str, ...]:
+        return self.roles
 
     def evaluate(self, ev: Evidence) -> Verdict:
         gate = _gates(ev, self.require_gates)

@@ -155,7 +155,7 @@ def production(
     prefix = prompt_tokens(seed, "system", shared_prefix, vocab)
     requests = []
     for i in range(streams):
-        own = prompt_tokens(seed, f"s{i}", rng.randrange(8, 200), vocab)
+        own = prompt_tokens(seed, f"s{i}", rng.randrange(8, 600), vocab)
         requests.append(
             Request(
                 f"s{i}",
