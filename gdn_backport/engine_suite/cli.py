@@ -32,7 +32,10 @@ def _report(args: Any) -> int:
     except ValueError as exc:  # an unknown scenario or patchset
         print(f"gdn-backport: {exc}", file=sys.stderr)
         return 2
-    print(report.to_json() if args.json else report.table())
+    if args.json:
+        print(report.to_json())
+    elif report.refusal is None:
+        print(report.table())
     if report.refusal is not None:
         print(report.refusal.line(), file=sys.stderr)
     return report.exit_code

@@ -89,10 +89,11 @@ class TaggedFloorRule:
             )
         if floor.count < self.min_floor:
             return Verdict(INCONCLUSIVE, f"{floor.count} clean tokens (need {self.min_floor})")
-        ratio = tagged.mean / _floor(floor, self.abs_floor)
+        used = _floor(floor, self.abs_floor)
+        ratio = tagged.mean / used
         text = (
             f"tagged mean {tagged.mean:.3g} (n={tagged.count}, max {tagged.max:.3g}) is "
-            f"{ratio:.1f}x the clean floor {floor.mean:.3g}"
+            f"{ratio:.1f}x the floor {used:.3g} (clean mean {floor.mean:.3g}, n={floor.count})"
         )
         if ratio > self.max_ratio:
             return Verdict(FAIL, f"{text} (> {self.max_ratio}x)")

@@ -210,9 +210,11 @@ def _named_parameters(model: Any) -> Iterable[tuple[str, list[str], Any]]:
 
 def initialize(model: Any, rules: WeightRules, namespace: str | None = None) -> InitReport:
     """Overwrite every floating-point parameter of ``model`` by the rules."""
+    report = InitReport(namespace or type(model).__name__)
+    if not callable(getattr(model, "named_modules", None)):
+        return report  # not a torch module: nothing to initialise
     import torch
 
-    report = InitReport(namespace or type(model).__name__)
     with torch.no_grad():
         for name, classes, param in _named_parameters(model):
             if not torch.is_floating_point(param) or param.device.type == "meta":
