@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ENGINE = r'''
+ENGINE = r"""
 import os
 import time
 
@@ -216,9 +216,9 @@ class LLM:
                             for q in range(1, len(toks))]
             outs.append(RequestOutput(str(i), [CompletionOutput([16], None, "length")], True, plp))
         return outs
-'''
+"""
 
-BUILDER = r'''
+BUILDER = r"""
 class GDNAttentionMetadataBuilder:
     reorder_batch_threshold = 1
 
@@ -254,9 +254,9 @@ class _Meta:
         self.num_spec_decodes = spec
         self.num_decodes = decodes
         self.num_prefills = prefills
-'''
+"""
 
-RUNNER = r'''
+RUNNER = r"""
 import os
 
 
@@ -320,7 +320,8 @@ class GPUModelRunner:
         for b in self.llm.builders:
             if spec:
                 results.append(b.build(common_prefix_len=0, common_attn_metadata=meta,
-                                       num_accepted_tokens=None, num_decode_draft_tokens_cpu=drafts))
+                                       num_accepted_tokens=None,
+                                       num_decode_draft_tokens_cpu=drafts))
             else:
                 results.append(b.build(common_prefix_len=0, common_attn_metadata=meta))
         result = results[0]
@@ -356,21 +357,21 @@ class GPUModelRunner:
         for layer in self.layers.values():
             layer._forward_core(mixed_qkv=None, b=rows_b, a=rows_a, core_attn_out=None)
         return None
-'''
+"""
 
-LOADER = r'''
+LOADER = r"""
 class DummyModelLoader:
     calls = 0
 
     def load_weights(self, model, model_config):
         DummyModelLoader.calls += 1
-'''
+"""
 
-REGISTRY = '''
+REGISTRY = """
 _TEXT_GENERATION_MODELS = {
     "Qwen3NextForCausalLM": ("qwen3_next", "Qwen3NextForCausalLM"),
 %s}
-'''
+"""
 
 
 def make_site(

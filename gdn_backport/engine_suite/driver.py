@@ -291,8 +291,10 @@ class Session:
 def live_forward_core(layers: dict[str, Any]) -> list[dict[str, Any]]:
     """The ``_forward_core`` each GDN layer class holds now: where it comes
     from, the file's digest, and our in-memory patch's record if it is ours."""
-    from gdn_backport.runtime.live import MARKER
-
+    # Our in-memory patch is installed through gdn_backport.runtime.live; if
+    # that was never imported here, no function can carry its mark.
+    live = sys.modules.get("gdn_backport.runtime.live")
+    marker = getattr(live, "MARKER", None)
     seen: dict[type, dict[str, Any]] = {}
     for layer in layers.values():
         cls = type(layer)
@@ -304,7 +306,7 @@ def live_forward_core(layers: dict[str, Any]) -> list[dict[str, Any]]:
         digest = None
         if file and Path(file).is_file():
             digest = hashlib.sha256(Path(file).read_bytes()).hexdigest()[:16]
-        mark = getattr(fn, MARKER, None)
+        mark = getattr(fn, marker, None) if marker else None
         seen[cls] = {
             "class": f"{cls.__module__}.{cls.__qualname__}",
             "file": file,

@@ -93,7 +93,8 @@ def check(
 ) -> tuple[Refusal | None, dict[str, Any]]:
     """``(refusal or None, facts)``: vLLM importable, then its registry
     knows ``architectures``, then torch sees CUDA (``require_cuda``)."""
-    facts = probe(python, os.environ if env is None else env, require_cuda)
+    environ = os.environ if env is None else env
+    facts = probe(python, environ, cuda=False)
     if "error" in facts:
         return Refusal(python, f"cannot run this Python: {facts['error']}"), facts
     where = facts.get("vllm")
@@ -110,6 +111,11 @@ def check(
         if f'"{arch}"' not in text:
             return Refusal(where, f"the model registry ({REGISTRY}) lacks {arch}"), facts
     if require_cuda:
+        # A second child: importing torch takes seconds, and the refusals
+        # above need none of it.
+        facts.update(probe(python, environ, cuda=True))
+        if "error" in facts:
+            return Refusal(python, f"cannot run this Python: {facts['error']}"), facts
         if "torch_error" in facts:
             return Refusal(python, f"torch is not importable: {facts['torch_error']}"), facts
         if not facts.get("cuda"):

@@ -400,6 +400,8 @@ def run_engine_suite(
     )
     if scenarios is not None and scenario_names:
         chosen = [s for s in chosen if s.name in scenario_names]
+    if not chosen:
+        raise ValueError(f"no engine scenario for patchset(s) {', '.join(patchsets or ['any'])}")
     variant = variant or Variant()
 
     def log(line: str) -> None:
