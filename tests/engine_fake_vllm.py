@@ -111,8 +111,11 @@ class _Engine:
         self.owner = {}
 
     def add_request(self, rid, prompt, params):
-        self.reqs[rid] = _Req(rid, prompt["prompt_token_ids"], params)
-        self.order.append(rid)
+        # As vLLM does: the engine's own id has a random suffix.
+        internal = f"{rid}-{len(self.reqs):08x}"
+        self.reqs[internal] = _Req(rid, prompt["prompt_token_ids"], params)
+        self.order.append(internal)
+        return internal
 
     def has_unfinished_requests(self):
         return any(not r.finished for r in self.reqs.values())
@@ -173,7 +176,7 @@ class _Engine:
                 self.finished_ids.append(rid)
                 self.free.extend(r.blocks[0])
             lps = [{t: Logprob(lp)} for t, lp in zip(r.tokens, r.lps)]
-            results.append(RequestOutput(rid, [CompletionOutput(list(r.tokens), lps,
+            results.append(RequestOutput(r.id, [CompletionOutput(list(r.tokens), lps,
                                           "length" if done else None)], done))
         self.order = [rid for rid in self.order if not self.reqs[rid].finished]
         return results

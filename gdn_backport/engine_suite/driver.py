@@ -128,6 +128,8 @@ class Session:
         self.meter = gates.GateMeter(self.recorder.tokens)
         self.layers: dict[str, Any] = {}
         self.next_step = 0
+        # The runner's request ids (vLLM adds a random suffix) -> ours.
+        self.names: dict[str, str] = {}
         self.recorder.on_first_step.append(self._first_step)
         self.recorder_undo = recorder.install(self.recorder)
 
@@ -181,9 +183,10 @@ class Session:
                         detokenize=False,
                         ignore_eos=True,
                     )
-                    engine.add_request(
+                    internal = engine.add_request(
                         prefix + r.id, {"prompt_token_ids": tracked[r.id].prompt}, params
                     )
+                    self.names[str(internal) if internal is not None else prefix + r.id] = r.id
                     tracked[r.id].added = step
                     pending.remove(r)
             if not pending and not engine.has_unfinished_requests():
@@ -408,7 +411,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     result["gen_s"] = round(time.perf_counter() - start, 3)
     result.update(session.facts())
     if session.recorder.enabled:
-        result["recorder"] = session.recorder.to_json()
+        result["recorder"] = session.recorder.to_json(session.names)
         result["gates"] = session.meter.summary()
     return result
 

@@ -388,14 +388,49 @@ class Recorder:
             uniform_shape=uniform,
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, names: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The records, request ids renamed by ``names``: vLLM 0.25.1 adds
+        a random suffix to every request id it is given
+        (``InputProcessor.assign_request_id``) and the runner sees only
+        those; ``add_request`` returns them, the driver maps them back."""
+        rename = _Renamer(names or {})
+        builds = []
+        for b in self.builds:
+            data = b.to_json()
+            data["req_ids"] = [rename(r) for r in b.req_ids]
+            data["displaced"] = rename.keys(b.displaced)
+            data["new_rows"] = rename.keys(b.new_rows)
+            builds.append(data)
+        steps = []
+        for st in self.steps:
+            data = st.to_json()
+            data["scheduled"] = rename.keys(st.scheduled)
+            data["spec"] = rename.keys(st.spec)
+            data["new"] = [rename(r) for r in st.new]
+            data["finished"] = sorted(rename(r) or "" for r in st.finished)
+            data["recycled"] = {
+                rename(k) or k: [[g, rename(prev)] for g, prev in pairs]
+                for k, pairs in st.recycled.items()
+            }
+            steps.append(data)
         return {
-            "builds": [b.to_json() for b in self.builds],
-            "steps": [s.to_json() for s in self.steps],
+            "builds": builds,
+            "steps": steps,
             "other_builds": dict(self.other_builds),
             "errors": list(self.errors),
             "group_kinds": list(self.group_kinds),
         }
+
+
+class _Renamer:
+    def __init__(self, names: Mapping[str, str]) -> None:
+        self.names = names
+
+    def __call__(self, rid: str | None) -> str | None:
+        return None if rid is None else self.names.get(rid, rid)
+
+    def keys(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        return {self.names.get(k, k): v for k, v in data.items()}
 
 
 # --------------------------------------------------------------------------
