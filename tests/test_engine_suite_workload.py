@@ -48,7 +48,7 @@ def test_one_token_arrivals_follow_the_background() -> None:
 def test_prefix_hit_refers_to_its_source() -> None:
     w = wl.prefix_hit(0, VOCAB)
     hit = w.by_role("prefix_hit")[0]
-    assert (hit.prefix_of, hit.prefix_blocks, len(hit.prompt)) == ("src", 1, 1)
+    assert (hit.prefix_of, hit.prefix_blocks, len(hit.prompt)) == ("src", 0, 1)
 
 
 def test_json_roundtrip() -> None:

@@ -102,11 +102,12 @@ def _resolve(workload: Workload, block_size: int | None) -> dict[str, list[int]]
         source = prompts.get(r.prefix_of) or list(
             next(s.prompt for s in workload.requests if s.id == r.prefix_of)
         )
-        need = r.prefix_blocks * block_size
-        if len(source) < need + 1:
+        blocks = r.prefix_blocks or len(source) // block_size
+        need = blocks * block_size
+        if not blocks or len(source) < need:
             raise RuntimeError(
-                f"request {r.id}: prefix_of {r.prefix_of} needs {r.prefix_blocks} block(s) of "
-                f"{block_size} tokens and one more; {r.prefix_of}'s prompt has {len(source)}"
+                f"request {r.id}: prefix_of {r.prefix_of} needs {blocks or 1} block(s) of "
+                f"{block_size} tokens; {r.prefix_of}'s prompt has {len(source)}"
             )
         prompts[r.id] = source[:need] + list(r.prompt)
     return prompts

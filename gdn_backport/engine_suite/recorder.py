@@ -252,6 +252,7 @@ class Recorder:
     other_builds: dict[str, int] = field(default_factory=lambda: {"capture": 0, "other": 0})
     errors: list[str] = field(default_factory=list)
     group_kinds: list[str] = field(default_factory=list)
+    runner_class: str | None = None
     on_first_step: list[Callable[[Any], None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -339,6 +340,7 @@ class Recorder:
     def _first_step(self, runner: Any) -> None:
         groups = getattr(getattr(runner, "kv_cache_config", None), "kv_cache_groups", None) or []
         self.group_kinds = [type(getattr(g, "kv_cache_spec", None)).__name__ for g in groups]
+        self.runner_class = f"{type(runner).__module__}.{type(runner).__qualname__}"
         for callback in self.on_first_step:
             try:
                 callback(runner)
@@ -419,6 +421,7 @@ class Recorder:
             "other_builds": dict(self.other_builds),
             "errors": list(self.errors),
             "group_kinds": list(self.group_kinds),
+            "runner": self.runner_class,
         }
 
 

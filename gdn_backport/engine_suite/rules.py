@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from gdn_backport.engine_suite.recorder import BuildRecord
 from gdn_backport.engine_suite.scoring import Aggregate, Evidence, union
 
 __all__ = ["AloneMatchRule", "PassRule", "TaggedFloorRule", "Verdict"]
@@ -112,6 +113,10 @@ class AloneMatchRule:
     check_others: bool = True
     other_roles: tuple[str, ...] = ("stream", "background")
     require_recycled: bool = True
+    # How each subject's first chunk must have reached the builder: "fresh"
+    # (one token, nothing computed: a brand-new request) or "hit" (one token
+    # after a prefix-cache hit); None: not checked.
+    first_chunk: str | None = "fresh"
     # The runner would replay a FULL decode graph: some step holding a
     # subject's one-token first chunk had the uniform decode shape.
     require_uniform_step: bool = False
@@ -137,6 +142,15 @@ class AloneMatchRule:
             return Verdict(INCONCLUSIVE, f"no request with role {'/'.join(self.roles)}")
         if ev.alone is None or ev.alone_scores is None:
             return Verdict(INCONCLUSIVE, "no alone run of the subject requests")
+        if self.first_chunk is not None:
+            missed = [rid for rid in subjects if _first_chunk(ev.builds, rid) != self.first_chunk]
+            if missed:
+                what = (
+                    "a prefix-cache hit leaving one token"
+                    if self.first_chunk == "hit"
+                    else ("a one-token first chunk with nothing computed")
+                )
+                return Verdict(INCONCLUSIVE, f"{missed[0]}: its first chunk was not {what}")
         if self.require_recycled:
             recycled = {rid for s in ev.steps for rid in s.recycled}
             if not recycled & set(subjects):
@@ -189,6 +203,17 @@ class AloneMatchRule:
             f"{len(subjects)} subject requests match their alone runs, errors within "
             f"{self.max_ratio}x the alone floor {floor_agg.mean:.3g}",
         )
+
+
+def _first_chunk(builds: Sequence[BuildRecord], rid: str) -> str | None:
+    """ "fresh", "hit" or "other": how the request's first row looked."""
+    for b in builds:
+        if rid in b.req_ids:
+            row = b.req_ids.index(rid)
+            if b.query_lens[row] != 1 or b.computed is None:
+                return "other"
+            return "fresh" if b.computed[row] == 0 else "hit"
+    return None
 
 
 def _divergence(a: Sequence[int], b: Sequence[int]) -> int | None:

@@ -5,9 +5,10 @@ A :class:`Request` arrives at driver step ``arrival``, or, with ``after``,
 step right after a request finished is when its state slot is free to be
 recycled). ``prefix_of``/``prefix_blocks`` make a prompt that starts with
 the first ``prefix_blocks`` KV blocks of another request's prompt (the block
-size is only known inside the engine, so the driver resolves it there); the
-request's own ``prompt`` is appended. ``role`` says what a scenario's rule
-does with the request (``stream``, ``background``, ``new``, ``prefix_hit``).
+size is only known inside the engine, so the driver resolves it there;
+``0``: all whole blocks of it); the request's own ``prompt`` is appended.
+``role`` says what a scenario's rule does with the request (``stream``,
+``background``, ``new``, ``prefix_hit``, ``source``).
 
 The builders below are the workloads the scenarios use; they are pure
 functions of their arguments and a seed.
@@ -58,8 +59,8 @@ class Request:
             raise ValueError(f"{where}: role = {self.role!r}: expected one of {', '.join(ROLES)}")
         if not self.prompt and not self.prefix_of:
             raise ValueError(f"{where}: prompt: empty")
-        if self.prefix_of is not None and self.prefix_blocks < 1:
-            raise ValueError(f"{where}: prefix_blocks = {self.prefix_blocks}: expected >= 1")
+        if self.prefix_blocks < 0:
+            raise ValueError(f"{where}: prefix_blocks = {self.prefix_blocks}: expected >= 0")
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -273,8 +274,11 @@ def one_token_arrivals(
 
 def prefix_hit(seed: int, vocab: tuple[int, int], others: int = 3) -> Workload:
     """A prefix-cache hit that leaves exactly one new token: ``hit`` repeats
-    the first KV block of ``src``'s prompt plus one token, arriving after
-    ``src`` finished (its blocks cached), while other requests decode."""
+    every whole KV block of ``src``'s prompt plus one token, arriving after
+    ``src`` finished, while other requests decode. With mamba cache mode
+    "align" the scheduler ends a prefill chunk on a block boundary
+    (``_mamba_block_aligned_split``), so the state at the last whole block is
+    the one cached: a shorter prefix would find no cached state."""
     specs: list[dict[str, Any]] = [
         {"id": "src", "length": 600, "max_tokens": 4, "role": "source"},
     ]
@@ -289,7 +293,7 @@ def prefix_hit(seed: int, vocab: tuple[int, int], others: int = 3) -> Workload:
             arrival=1,
             role="prefix_hit",
             prefix_of="src",
-            prefix_blocks=1,
+            prefix_blocks=0,
         )
     )
     return Workload("prefix-hit", tuple(out))

@@ -83,7 +83,7 @@ SCENARIOS = (
             max_num_seqs=16,
         ),
         workload=prefix_hit(SEED, VOCAB),
-        rule=AloneMatchRule(roles=("prefix_hit",), require_recycled=False),
+        rule=AloneMatchRule(roles=("prefix_hit",), require_recycled=False, first_chunk="hit"),
         attributes_to="the decode path of a one-token row whose state comes from the prefix cache",
         tags=("prefix-caching", "eager", "control"),
         alone=_eager.replace(max_model_len=1024),
