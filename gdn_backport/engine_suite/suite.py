@@ -85,6 +85,22 @@ class Context:
     def env(self, variant: Variant) -> dict[str, str]:
         return child_env(variant.env, base=self.base_env)
 
+    def run(
+        self,
+        spec: dict[str, Any],
+        folder: Path,
+        name: str,
+        timeout: float,
+        variant: Variant,
+        reuse: bool = False,
+    ) -> ChildResult:
+        """One engine child; one killed because the deadline cut its timeout
+        short marks the deadline as hit (its work is redone next time)."""
+        child = run_child(self.python, spec, folder, name, timeout, self.env(variant), reuse=reuse)
+        if child.timed_out and self.deadline is not None and time.monotonic() >= self.deadline - 1:
+            self.deadline_hit = True
+        return child
+
     def timeout(self, wanted: float) -> float | None:
         """The timeout a child may have now; None when none may start."""
         wanted *= self.timeout_scale
@@ -153,17 +169,11 @@ def run_engines(
             continue
         ctx.log(f"engine: {variant.name}: {scenario.name} ({scenario.engine.graphs})")
         job = {"kind": "run", "workload": scenario.workload.to_json()}
-        child = run_child(
-            ctx.python,
-            _spec(ctx, scenario, scenario.engine, job),
-            folder,
-            "run",
-            timeout,
-            ctx.env(variant),
-            reuse=ctx.reuse,
+        child = ctx.run(
+            _spec(ctx, scenario, scenario.engine, job), folder, "run", timeout, variant, ctx.reuse
         )
         ctx.log(f"  {'ok' if child.ok else 'error: ' + str(child.error)} ({child.seconds:.0f} s)")
-        sr = ScenarioRun(scenario, variant, child)
+        sr = ScenarioRun(scenario, variant, child, skipped="deadline" if ctx.deadline_hit else None)
         sr.alone = _alone(sr, ctx)
         out.append(sr)
     return out
@@ -195,14 +205,7 @@ def _alone(sr: ScenarioRun, ctx: Context) -> dict[str, Any] | None:
     ctx.log(f"alone: {scenario.name}: {len(subjects)} requests")
     job = {"kind": "run", "workload": workload.to_json()}
     # Alone runs are clean by construction (fresh slots, eager): any variant serves.
-    child = run_child(
-        ctx.python,
-        _spec(ctx, scenario, scenario.alone, job),
-        folder,
-        "alone",
-        timeout,
-        ctx.env(sr.variant),
-    )
+    child = ctx.run(_spec(ctx, scenario, scenario.alone, job), folder, "alone", timeout, sr.variant)
     if not child.ok or child.result is None:
         return {"error": f"alone run: {child.error}"}
     data = {"requests": child.result["requests"]}
@@ -254,13 +257,12 @@ def score_references(
             errors[gk] = "not started: the deadline was reached"
             continue
         ctx.log(f"reference: {len(seqs)} sequences (longest {longest})")
-        child = run_child(
-            ctx.python,
+        child = ctx.run(
             _spec(ctx, scenario, engine, job, record=False),
             ctx.workdir / "runs" / "reference" / gk[:16],
             f"score-{int(time.time())}",
             timeout,
-            ctx.env(variant or Variant()),
+            variant or Variant(),
         )
         if not child.ok or child.result is None:
             errors[gk] = f"reference engine: {child.error}"
