@@ -54,6 +54,18 @@ def test_tagged_floor_fails_on_an_injected_misordered_error_and_passes_at_the_fl
     assert bad.result == "FAIL" and "x the floor" in bad.reason
 
 
+def test_a_hit_diluted_by_a_clean_tail_still_fails() -> None:
+    requests = [stream("victim", 200), stream("calm", 60)]
+    steps = set(range(10, 30))
+    events = {"victim": Events(misordered_steps=steps)}
+    bumped = floor_ref(requests, {("victim", i): 0.004 for i in steps})
+    verdict = TaggedFloorRule().evaluate(evidence(requests, bumped, events))
+    assert verdict.result == "FAIL" and verdict.reason.startswith("misordered mean 0.00")
+    # Judged on the PR's measure alone it would have passed.
+    alone = TaggedFloorRule(also_tags=()).evaluate(evidence(requests, bumped, events))
+    assert alone.result == "PASS"
+
+
 def test_tagged_floor_is_inconclusive_without_tagged_tokens_or_fit_gates() -> None:
     requests = [stream("a", 40), stream("b", 40)]
     rule = TaggedFloorRule()

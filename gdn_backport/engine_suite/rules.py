@@ -54,10 +54,18 @@ def _floor(agg: Aggregate, abs_floor: float) -> float:
 
 @dataclass(frozen=True)
 class TaggedFloorRule:
-    """Tokens the bug reaches (``tagged_tags``) must err no more than
-    ``max_ratio`` times the clean tokens of the same run."""
+    """Tokens the bug reaches must err no more than ``max_ratio`` times the
+    clean tokens of the same run.
+
+    Judged per tag group: ``tagged_tags`` (vLLM #51812's own measure, every
+    token from a request's first misordered step on: the report's "tagged")
+    and each of ``also_tags`` on its own (the misordered steps alone: where
+    the model forgets fast, a long clean tail after a hit would otherwise
+    dilute the hit). A group with fewer than ``min_tagged`` tokens is not
+    judged; no group judged is inconclusive."""
 
     tagged_tags: tuple[str, ...] = ("misordered", "after")
+    also_tags: tuple[tuple[str, ...], ...] = (("misordered",),)
     floor_tags: tuple[str, ...] = ("clean",)
     max_ratio: float = 3.0
     min_tagged: int = 16
@@ -80,25 +88,30 @@ class TaggedFloorRule:
         gate = _gates(ev, self.require_gates)
         if gate is not None:
             return gate
-        tagged = union(ev.scores, self.tagged_tags)
         floor = union(ev.scores, self.floor_tags)
-        if tagged.count < self.min_tagged:
+        groups = [(g, union(ev.scores, g)) for g in (self.tagged_tags, *self.also_tags)]
+        judged = [(g, agg) for g, agg in groups if agg.count >= self.min_tagged]
+        if not judged:
             return Verdict(
                 INCONCLUSIVE,
-                f"{tagged.count} tagged tokens (need {self.min_tagged}): the workload did not "
-                "reach the layout often enough",
+                f"{groups[0][1].count} tagged tokens (need {self.min_tagged}): the workload did "
+                "not reach the layout often enough",
             )
         if floor.count < self.min_floor:
             return Verdict(INCONCLUSIVE, f"{floor.count} clean tokens (need {self.min_floor})")
         used = _floor(floor, self.abs_floor)
-        ratio = tagged.mean / used
-        text = (
-            f"tagged mean {tagged.mean:.3g} (n={tagged.count}, max {tagged.max:.3g}) is "
-            f"{ratio:.1f}x the floor {used:.3g} (clean mean {floor.mean:.3g}, n={floor.count})"
-        )
-        if ratio > self.max_ratio:
-            return Verdict(FAIL, f"{text} (> {self.max_ratio}x)")
-        return Verdict(PASS, f"{text} (<= {self.max_ratio}x)")
+
+        def text(tags: tuple[str, ...], agg: Aggregate) -> str:
+            return (
+                f"{'+'.join(tags)} mean {agg.mean:.3g} (n={agg.count}, max {agg.max:.3g}) is "
+                f"{agg.mean / used:.1f}x the floor {used:.3g} (clean mean {floor.mean:.3g}, "
+                f"n={floor.count})"
+            )
+
+        for tags, agg in judged:
+            if agg.mean / used > self.max_ratio:
+                return Verdict(FAIL, f"{text(tags, agg)} (> {self.max_ratio}x)")
+        return Verdict(PASS, f"{text(*judged[0])} (<= {self.max_ratio}x)")
 
 
 @dataclass(frozen=True)
