@@ -295,7 +295,9 @@ class GPUModelRunner:
     def _determine_batch_execution_and_padding(self, num_tokens, num_reqs, uniform):
         if self.llm.eager:
             return (_Mode("NONE"), None)
-        return (_Mode("FULL" if uniform else "PIECEWISE"), None)
+        mode = (self.llm.kw.get("compilation_config") or {}).get("cudagraph_mode", "")
+        full = uniform and mode != "PIECEWISE"
+        return (_Mode("FULL" if full else "PIECEWISE"), None)
 
     def execute_model(self, scheduler_output):
         engine = self.engine
