@@ -28,6 +28,7 @@ table) is printed last and copied with a tar.gz of the results to ``--out``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -374,6 +375,11 @@ def summary(results: Path, timings: Mapping[str, float] | None = None) -> str:
     if probes:
         lines += ["", "probe counters (plugin variant, GDN_BACKPORT_PROBE=1):"]
         lines += [f"  {k}: {v}" for k, v in probes.items()]
+    for name, data in done.items():
+        if data.get("error"):
+            lines.append(f"{name}: error: {data['error']}")
+        for variant, why in (data.get("variant_errors") or {}).items():
+            lines.append(f"{name}: variant {variant} not run: {why[:300]}")
     rows = [["step", "status", "seconds"]]
     for step in STEPS:
         status = "done" if step.name in done else "pending"
@@ -432,22 +438,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     steps = [s for s in pending(STEPS, results) if not args.only or s.name in args.only]
     variants: dict[str, suite.Variant] = {}
+    failed: dict[str, str] = {}
     for step in steps:
         if ctx.timeout(60.0) is None:
             log(f"deadline: {step.name} and later steps wait for the next call")
             break
         log(f"step {step.name}: {', '.join(step.variants)}")
         step_start = time.monotonic()
-        try:
-            for name in step.variants:
-                if name not in variants:
+        problems: dict[str, str] = {}
+        for name in ("unpatched", *step.variants):
+            if name not in variants and name not in failed:
+                try:
                     variants[name] = prepare_variant(name, args.site, args.variants, args.python)
-            if "unpatched" not in variants:
-                variants["unpatched"] = prepare_variant("unpatched", args.site, args.variants)
-            data = RUNNERS[step.kind](step, variants, ctx)
+                except Exception as exc:  # a variant that cannot be made costs only itself
+                    failed[name] = f"{type(exc).__name__}: {exc}"
+            if name in failed:
+                problems[name] = failed[name]
+                log(f"variant {name}: {failed[name]}")
+        runnable = tuple(v for v in step.variants if v in variants)
+        try:
+            data = RUNNERS[step.kind](dataclasses.replace(step, variants=runnable), variants, ctx)
         except Exception as exc:  # one step's failure must not cost the others
             log(f"step {step.name}: {type(exc).__name__}: {exc}")
             data = {"error": f"{type(exc).__name__}: {exc}", "complete": True}
+        data["variant_errors"] = problems
         timings[step.name] = timings.get(step.name, 0.0) + time.monotonic() - step_start
         timings_path.write_text(json.dumps(timings))
         if data.get("complete"):
