@@ -262,6 +262,12 @@ def test_recycled_blocks_name_their_previous_owner(wired: Any) -> None:
     recorder.step = 6
     runner.execute_model(_out([("n0", -1, 0)], {"n0": 1}, {"n0": [4]}, finished=("b0",)))
     assert recorder.steps[1].recycled == {"n0": [[0, "b0"]]}
+    # A block another group had before is recycled too (one pool).
+    out = _out([("n1", -1, 0)], {"n1": 1})
+    out.scheduled_new_reqs = [SimpleNamespace(req_id="n1", block_ids=([9], [4]))]
+    recorder.step = 7
+    runner.execute_model(out)
+    assert recorder.steps[2].recycled == {"n1": [[1, "n0"]]}
     assert recorder.builds[-1].new_rows == {"n0": "decode"}
 
 

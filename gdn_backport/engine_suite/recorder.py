@@ -257,7 +257,10 @@ class Recorder:
 
     def __post_init__(self) -> None:
         self._ctx = _Context()
-        self._owners: dict[tuple[int, int], str] = {}
+        # Block id -> the request that had it last. One pool serves every
+        # KV-cache group and the groups' layers share memory by block id, so
+        # a block is recycled whichever group it served before.
+        self._owners: dict[int, str] = {}
         self._started = False
 
     # -- what the gate meter asks -------------------------------------------
@@ -361,21 +364,21 @@ class Recorder:
             rid = str(new.req_id)
             for group, blocks in enumerate(getattr(new, "block_ids", ()) or ()):
                 for block in blocks:
-                    previous = self._owners.get((group, block))
+                    previous = self._owners.get(block)
                     if previous is not None and previous != rid:
                         pair = [group, previous]
                         if pair not in recycled.setdefault(rid, []):
                             recycled[rid].append(pair)
-                    self._owners[(group, block)] = rid
+                    self._owners[block] = rid
         cached = getattr(out, "scheduled_cached_reqs", None)
         for rid, new_blocks in zip(
             getattr(cached, "req_ids", []) or [],
             getattr(cached, "new_block_ids", []) or [],
             strict=False,
         ):
-            for group, blocks in enumerate(new_blocks or ()):
+            for blocks in new_blocks or ():
                 for block in blocks:
-                    self._owners[(group, block)] = str(rid)
+                    self._owners[block] = str(rid)
         width = getattr(runner, "uniform_decode_query_len", None)
         uniform = (
             bool(scheduled) and width is not None and all(v == width for v in scheduled.values())
