@@ -117,3 +117,10 @@ def test_a_bad_spec_still_answers(tmp_path: Path) -> None:
     assert proc.returncode == 1
     result = json.loads(proc.stdout.splitlines()[0])
     assert result["ok"] is False and "job kind 'dance'" in result["error"]
+
+
+def test_the_patch_mark_is_the_plugins() -> None:
+    live = pytest.importorskip("gdn_backport.runtime.live")
+    from gdn_backport.engine_suite.driver import PATCH_MARK
+
+    assert live.MARKER == PATCH_MARK

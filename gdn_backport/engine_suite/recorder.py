@@ -96,6 +96,7 @@ class BuildRecord:
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        data["num_reqs"] = len(self.query_lens)
         data["stale_replay"] = self.stale_replay
         return data
 
