@@ -21,7 +21,7 @@ mkdir -p /tmp/parts /tmp/engine-cache
 
 # The bundle arrives in two parts over two calls (64 MiB per call).
 for part in .engine/site.tar.xz.part-*; do
-  [ -f "$part" ] && cp -n "$part" /tmp/parts/
+  [ -f "$part" ] && [ ! -f "/tmp/parts/${part##*/}" ] && cp "$part" /tmp/parts/
 done
 if [ ! -d /tmp/site/vllm ]; then
   have=$(ls /tmp/parts/site.tar.xz.part-* 2>/dev/null | wc -l)
