@@ -186,6 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="H,HV,D",
         help="layer shape: key heads, value heads, head dim (default: small CPU shape)",
     )
+    p.add_argument(
+        "--engine",
+        action="store_true",
+        help="the real-engine suite on the vLLM and GPU of this Python (with --installed)",
+    )
 
     p = sub.add_parser("fetch", help="a release's sources from PyPI into the cache")
     p.add_argument("versions", nargs="*", metavar="X.Y.Z")
@@ -612,6 +617,10 @@ def _run_cells(args: argparse.Namespace, cells: Sequence[matrix.Cell]) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    if args.engine:
+        from gdn_backport.engine_suite.cli import verify_engine
+
+        return verify_engine(args)
     from gdn_backport.verify import verify_tree
 
     heads = None

@@ -187,8 +187,6 @@ def apply_git(
     return result
 
 
-
-
 def commit_message(
     out: Outcome,
     strategy: str,

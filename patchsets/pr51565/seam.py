@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,3 +50,8 @@ class Pr51565(Patchset):
         from .probe import SOURCE
 
         return SOURCE
+
+    def engine_scenarios(self) -> Sequence[Any]:
+        from .engine_scenarios import SCENARIOS
+
+        return SCENARIOS

@@ -33,7 +33,9 @@ class Pr51812(Patchset):
         return LAYER_SUITE
 
     def engine_scenarios(self) -> Sequence[Any]:
-        return ()
+        from .engine_scenarios import SCENARIOS
+
+        return SCENARIOS
 
     def doctor_rows(self, package: Path, root: Path) -> list[Any]:
         from .runtime.doctor import rows
