@@ -38,7 +38,7 @@ fi
 export PYTHONPATH=/tmp/site
 # The editable install points at this call's checkout: redone when the
 # repository's path differs from the previous call's.
-here=$(cd / && python3 -c "import gdn_backport._patchsets, gdn_backport, os; print(os.path.dirname(os.path.dirname(gdn_backport.__file__)))" 2>/dev/null)
+here=$(cd / && python3 -c "import gdn_backport.patchsets, gdn_backport, os; print(os.path.dirname(os.path.dirname(gdn_backport.__file__)))" 2>/dev/null)
 if [ "$here" != "$PWD" ]; then
   python3 -m pip install -q --no-deps --no-build-isolation -e . > /tmp/engine-install.log 2>&1 \
     || { tail -5 /tmp/engine-install.log; exit 4; }
