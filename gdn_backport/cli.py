@@ -297,11 +297,30 @@ def _resolve(args: argparse.Namespace, write: bool, create: bool = True) -> Path
     if not write:
         return sources.release_tree(args.release)
     work = args.workdir or Path(f"vllm-{args.release}")
-    made = not os.path.lexists(work) or (work.is_dir() and not any(work.iterdir()))
+    existed = os.path.lexists(work)
+    made = not existed or (work.is_dir() and not any(work.iterdir()))
     tree = sources.workdir(args.release, work, create=create)
     if tree is not None and made:
         print(f"copied vllm {args.release} to {work}", file=sys.stderr)
+        # A run that refuses must leave the disk as it found it: this copy too.
+        args.made_workdir = (work, existed)
     return tree
+
+
+def _drop_made_workdir(args: argparse.Namespace) -> None:
+    """Remove the --workdir copy this run made (and only that)."""
+    made = getattr(args, "made_workdir", None)
+    if made is None:
+        return
+    work, existed = made
+    import shutil
+
+    if existed:
+        # It was an empty folder: empty it again.
+        for child in work.iterdir():
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    else:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _tree(args: argparse.Namespace, write: bool) -> Path:
@@ -356,6 +375,21 @@ def _scan_target(args: argparse.Namespace) -> tuple[Path, Path]:
     return path, tree_root(path)
 
 
+def _check_single_file(
+    path: Path, sites: Sequence[Site], chosen: Sequence[registry.Patchset]
+) -> None:
+    """A single FILE named for a gate must hold a site of the chosen
+    patchsets: a file with none (a text file, an unrelated module, the old
+    path of a layer that moved in a rebase) would make the gate pass on
+    nothing. A folder may hold none (an older vLLM has no GDN code)."""
+    if path.is_file() and not sites:
+        which = ", ".join(p.info.id for p in chosen)
+        raise UsageError(
+            f"{path}: no site of {which} in this file (no GDN spec path, metadata builder or "
+            "runner route); name the file that holds one, or the tree"
+        )
+
+
 def _cmd_scan(args: argparse.Namespace) -> int:
     from gdn_backport import pipeline, vllm_version
     from gdn_backport.tree import Tree
@@ -366,6 +400,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     sites: list[Site] = []
     for ps in chosen:
         sites += ps.scan(tree)
+    _check_single_file(path, sites, chosen)
     left = [tree.relative(p) for p in pipeline.leftovers_of(tree)]
     if args.json:
         version = vllm_version.to_json(vllm_version.detect(root))
@@ -384,21 +419,36 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     return 2 if "unknown" in bad else 1 if "affected" in bad else 0
 
 
+def exit_code(out: Outcome, dry_run: bool = False, preview: bool = False) -> int:
+    """The process's exit code for an outcome: 2 refused; 1 affected sites
+    remain, except where the run only previews (``--dry-run``, a patch file
+    without ``--commit``, ``revert``): there that is expected, not a failure."""
+    code = out.exit_code
+    return 0 if code == 1 and (dry_run or preview) else code
+
+
 def _print_outcome(
     out: Outcome,
     as_json: bool,
     extra: dict[str, object] | None = None,
     notes: Sequence[str] = (),
     version: vllm_version.VllmVersion | None = None,
+    *,
+    dry_run: bool = False,
+    preview: bool = False,
 ) -> int:
-    """``extra``: more JSON fields; ``notes``: more human lines after the
-    message; ``version``: the tree's vLLM version, if known before the run."""
+    """Print the outcome; its exit code (:func:`exit_code`), which is also
+    the JSON document's ``exit_code``. ``extra``: more JSON fields; ``notes``:
+    more human lines after the message; ``version``: the tree's vLLM version,
+    if known before the run."""
     from gdn_backport import vllm_version
     from gdn_backport.report import table
 
     version = version or vllm_version.detect(out.tree)
+    code = exit_code(out, dry_run, preview)
     if as_json:
         doc = {**out.to_json(), "vllm_version": vllm_version.to_json(version), **(extra or {})}
+        doc["exit_code"] = code
         print(json.dumps(doc, indent=2))
     else:
         print(f"tree: {out.tree}")
@@ -437,7 +487,7 @@ def _print_outcome(
                   + ", ".join(out.leftovers))  # fmt: skip
     elif not out.refused:
         _warn(_leftovers_warning(out.tree, out.leftovers))
-    return out.exit_code
+    return code
 
 
 def _leftovers_warning(root: Path, left: Sequence[str]) -> str:
@@ -466,14 +516,22 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     if args.installed:
         inst = installed.locate_vllm()
         out, caches = installed.apply(inst, args.strategy, mode, args.kernels, chosen)
-        code = _print_outcome(out, args.json)
+        code = _print_outcome(out, args.json, dry_run=mode is Mode.DRY_RUN)
         _warn(installed.caches_warning(out.tree, caches))
     else:
         path = _tree(args, write=mode is Mode.WRITE)
-        results = pipeline.apply(path, chosen, args.strategy, mode, kernels=args.kernels)
-        code = _print_outcome(pipeline.merged(results, tree_root(path)), args.json)
-    # --dry-run previews: affected sites remaining is expected, not a failure.
-    return 0 if mode is Mode.DRY_RUN and code == 1 else code
+        try:
+            results = pipeline.apply(path, chosen, args.strategy, mode, kernels=args.kernels)
+            out = pipeline.merged(results, tree_root(path))
+            _check_single_file(path, [c.site for c in out.changes], chosen)
+        except UsageError:
+            _drop_made_workdir(args)
+            raise
+        if out.refused:
+            _drop_made_workdir(args)
+        # --dry-run previews: affected sites remaining is expected, not a failure.
+        code = _print_outcome(out, args.json, dry_run=mode is Mode.DRY_RUN)
+    return code
 
 
 def _check_strategy(strategy: str, chosen: Sequence[registry.Patchset]) -> None:
@@ -509,11 +567,15 @@ def _apply_git(args: argparse.Namespace, mode: Mode) -> int:
         fixes=registry.selected(args.patchset),
     )
     # The version as it was before the commit (after it, git describe says 0.25.1-1-g...).
-    code = _print_outcome(
-        result.outcome, args.json, {"git": result.to_json()}, result.lines(), result.vllm_version
-    )
     # --format-patch alone leaves the tree as it was: affected, as intended.
-    return 0 if code == 1 and not args.commit else code
+    return _print_outcome(
+        result.outcome,
+        args.json,
+        {"git": result.to_json()},
+        result.lines(),
+        result.vllm_version,
+        preview=not args.commit,
+    )
 
 
 def _warn(line: str) -> None:
@@ -533,7 +595,8 @@ def _cmd_revert(args: argparse.Namespace) -> int:
     )
     if args.installed:
         out, caches = installed.revert(installed.locate_vllm(), mode, upstreams)
-        code = _print_outcome(out, args.json)
+        # revert reports the sites as they are afterwards: affected is its aim.
+        code = _print_outcome(out, args.json, preview=True)
         _warn(installed.caches_warning(out.tree, caches))
     else:
         tree = _resolve(args, write=True, create=False)
@@ -544,8 +607,8 @@ def _cmd_revert(args: argparse.Namespace) -> int:
                           f"of vllm {args.release} was made)")  # fmt: skip
         else:
             out = revert_tree(tree, mode, upstreams=upstreams)
-        code = _print_outcome(out, args.json)
-    return 2 if code == 2 else 0
+        code = _print_outcome(out, args.json, preview=True)
+    return code
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
@@ -667,6 +730,7 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args: argparse.Namespace | None = None
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(_legacy_matrix(argv))
@@ -677,6 +741,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except UsageError as exc:
         print(f"gdn-backport: {exc}", file=sys.stderr)
+        if args is not None and getattr(args, "json", False):
+            # A program reading --json gets a document on a refusal too.
+            print(json.dumps({"command": args.command, "error": str(exc), "exit_code": 2}))
         return 2
     except SystemExit as exc:
         # --help and --version: argparse exits; a caller of main() gets the code.

@@ -72,7 +72,8 @@ def no_records(capsys: pytest.CaptureFixture[str], root: Path) -> None:
 def test_missing_path(capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]) -> None:
     missing = tmp_path / "no" / "such"
     code, out, err = run(capsys, *argv, str(missing))
-    assert code == 2 and not out
+    # --json: a document says it too (D12); else nothing on stdout.
+    assert code == 2 and (json.loads(out)["exit_code"] == 2 if "--json" in argv else not out)
     refused(err, str(missing), "no such file or directory")
     assert list(tmp_path.iterdir()) == []
 
@@ -370,6 +371,10 @@ def test_what_counts_as_a_vllm_tree(
     before = snapshot(tmp_path)
     for argv in (["scan"], ["apply"], ["apply", "--check"], ["revert"]):
         code, out, err = run(capsys, *argv, str(path))
+        if layout == "one-file" and argv != ["revert"]:
+            # A gate on one file that holds no site must not pass (D2).
+            assert code == 2 and err.count("\n") == 1 and "no site of" in err, (argv, err)
+            continue
         assert (code, err) == (0, ""), (argv, err)
         assert "nothing" in out or "no GDN spec path" in out
     assert snapshot(tmp_path) == before and not list(tmp_path.rglob(atomic.STATE_DIR))
