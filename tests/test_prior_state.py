@@ -292,10 +292,18 @@ def test_runner_route_takes_its_verdict_from_the_builders() -> None:
     route = analyse_module(ast.parse(runner), runner, cfg)
     # Only the real step's call is a route; the capture call passes force itself.
     assert [(f.kind, f.function) for f in route] == [("runner_v1", "Runner.execute_model")]
-    for builder, want in ((length_only, Status.NOT_AFFECTED), (fixed, Status.AFFECTED)):
-        found = analyse_module(ast.parse(builder), builder, cfg)
+    # Beside an affected builder the open route is part of the fix (D16: it
+    # read "not_affected -> fixed, changed yes"); beside a fixed one, the
+    # half fix; beside none (a tree without the builder's split), as assumed.
+    for found_in, want, why in (
+        (length_only, Status.AFFECTED, "must take the guard"),
+        (fixed, Status.AFFECTED, "(half fix)"),
+    ):
+        found = analyse_module(ast.parse(found_in), found_in, cfg)
         settled = settle(found + route)
-        assert settled[-1].status is want, builder
+        assert settled[-1].status is want and why in settled[-1].reason, found_in
+    alone = settle(list(route))
+    assert alone[-1].status is Status.NOT_AFFECTED
     # A module without the shape-only test (a drafter's own dispatch): no route.
     assert not [f for f in route if f.kind == "builder"]
     drafter = runner.replace("_is_uniform_decode", "_uniform")
@@ -376,8 +384,9 @@ def test_apply_fixes_the_builder_and_guards_both_runners(tmp_path: Path) -> None
     before = {p: (root / p).read_bytes() for p in ("vllm/attn/fancy.py", "vllm/worker/runner.py")}
     assert _statuses(engine.scan_sites(root)) == {
         "FancyBuilder.build": "affected",
-        "Runner.execute_model": "not_affected",
-        "Runner2.execute_model": "not_affected",
+        # The routes the builder's fix needs guarded are affected: apply changes them.
+        "Runner.execute_model": "affected",
+        "Runner2.execute_model": "affected",
     }
     out = engine.apply_tree(root, mode=Mode.WRITE)
     assert (out.exit_code, out.refused) == (0, [])

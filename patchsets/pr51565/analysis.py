@@ -569,8 +569,12 @@ def analyse_module(tree: ast.Module, text: str, cfg: Config) -> list[Finding]:
 
 def settle(findings: list[Finding]) -> list[Finding]:
     """Runner verdicts from the tree's builders: an open FULL decode route is
-    a bug only where some builder may call a one-token row a prefill."""
+    a bug where some builder may call a one-token row a prefill, and part of
+    the fix where a builder is affected (its fix would make the route a half
+    fix: the fix changes it, so it is reported affected, never "not affected
+    and rewritten")."""
     reclassifies = any(f.kind == "builder" and f.reclassifies for f in findings)
+    to_fix = any(f.kind == "builder" and f.status is Status.AFFECTED for f in findings)
     out = []
     for f in findings:
         if f.kind != "builder" and not f.guarded:
@@ -584,6 +588,16 @@ def settle(findings: list[Finding]) -> list[Finding]:
                     "graph on the previous step's buffers when the builder calls a row "
                     "without prior state a prefill (half fix)",
                 )
+            elif to_fix:
+                f = Finding(
+                    f.kind,
+                    f.function,
+                    f.line,
+                    Status.AFFECTED,
+                    "the FULL decode route replays the decode graph for any batch whose rows "
+                    "all have the decode length; the builder's fix calls a new one-token row "
+                    "a prefill, so this route must take the guard with it",
+                )
             else:
                 f = Finding(
                     f.kind,
@@ -591,7 +605,7 @@ def settle(findings: list[Finding]) -> list[Finding]:
                     f.line,
                     Status.NOT_AFFECTED,
                     "the builder calls every one-token row a decode, as the FULL decode "
-                    "route assumes (needs the guard with the builder's fix)",
+                    "route assumes",
                 )
         out.append(f)
     return out
