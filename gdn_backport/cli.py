@@ -25,6 +25,9 @@ from gdn_backport.scan import Site, check_vllm_tree, relative, scan_tree_full, t
 
 if TYPE_CHECKING:
     from gdn_backport import matrix
+    from gdn_backport.sweep import Reach
+
+    Swept = tuple[Reach, str]
 
 
 DESCRIPTION = """\
@@ -302,11 +305,15 @@ def _where(site: Site) -> str:
     return f"{at} -> {site.target}" if site.target else at
 
 
-def _print_sites(root: Path, sites: Sequence[Site], several: bool = False) -> None:
+def _print_sites(
+    root: Path, sites: Sequence[Site], several: bool = False, swept: Sequence[Swept] = ()
+) -> None:
+    """``swept``: the calls the sweep found handed the spec index or slots
+    (:mod:`gdn_backport.sweep`), and how the analysis accounted for each."""
     print(f"tree: {root}")
     print(vllm_version.line(vllm_version.detect(root)))
     if not sites:
-        print("no GDN spec path, metadata builder or runner route found")
+        print("no GDN spec path, metadata builder or runner route found" + _accounted(swept))
         return
     chains = any(s.via for s in sites)
     rows: list[tuple[str, ...]] = [
@@ -327,9 +334,22 @@ def _print_sites(root: Path, sites: Sequence[Site], several: bool = False) -> No
     print(table(head, rows))
 
 
+def _accounted(swept: Sequence[Swept]) -> str:
+    """Where no site was found but the sweep found calls: that they are
+    accounted for, each (a site would have been reported otherwise)."""
+    if not swept:
+        return ""
+    calls = ", ".join(f"{r.callee} ({r.module}:{r.line}, {how})" for r, how in swept)
+    return (
+        f"; {len(swept)} call(s) handed the spec token index or state slots, each accounted "
+        f"for: {calls}"
+    )
+
+
 def _cmd_scan(args: argparse.Namespace) -> int:
     chosen = fixes.selected(args.patchset)
     sites: list[Site] = []
+    swept: list[Swept] = []
     left: list[str] = []
     for fix in chosen:
         if fix.id == "pr51812":
@@ -340,6 +360,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
                 result = scan_tree_full(path, for_tree(tree_root(path), args.kernels))
             root = result.root
             sites += result.sites
+            swept += result.analysis.swept
             left = [relative(p, root) for p in result.leftovers]
         else:
             if args.installed:
@@ -360,7 +381,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
         }
         print(json.dumps(doc, indent=2))
     else:
-        _print_sites(root, sites, len(chosen) > 1)
+        _print_sites(root, sites, len(chosen) > 1, swept)
     _warn(_leftovers_warning(root, left))
     bad = {s.status.value for s in sites}
     return 2 if "unknown" in bad else 1 if "affected" in bad else 0

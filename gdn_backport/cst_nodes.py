@@ -8,6 +8,7 @@ codemods and the corpus share these.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -121,3 +122,76 @@ def children_of(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
             yield value
         elif isinstance(value, (list, tuple)):
             yield from (v for v in value if isinstance(v, cst.CSTNode))
+
+
+# --- where a libcst call is in the source ----------------------------------------
+
+# Nodes whose dataclass fields are not in source order: the order their code is.
+_SOURCE_ORDER: dict[type, tuple[str, ...]] = {
+    cst.IfExp: ("body", "test", "orelse"),
+    cst.FunctionDef: ("decorators", "params", "returns", "body"),
+    cst.ClassDef: ("decorators", "bases", "keywords", "body"),
+    cst.ExceptHandler: ("type", "name", "body"),
+    cst.ExceptStarHandler: ("type", "name", "body"),
+    cst.Parameters: ("posonly_params", "params", "star_arg", "kwonly_params", "star_kwarg"),
+    cst.MatchCase: ("pattern", "guard", "body"),
+}
+
+
+def _in_source_order(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    stack: list[cst.CSTNode] = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        order = _SOURCE_ORDER.get(type(current))
+        if order is None:
+            children = list(children_of(current))
+        else:
+            children = []
+            for name in order:
+                value = getattr(current, name)
+                if isinstance(value, cst.CSTNode):
+                    children.append(value)
+                elif isinstance(value, (list, tuple)):
+                    children.extend(v for v in value if isinstance(v, cst.CSTNode))
+        stack.extend(reversed(children))
+
+
+def _cst_callee(func: cst.BaseExpression) -> str:
+    if isinstance(func, cst.Name):
+        return func.value
+    if isinstance(func, cst.Attribute):
+        return f"{_cst_callee(func.value)}.{func.attr.value}"
+    return {cst.Call: "()", cst.Subscript: "[]", cst.Lambda: "lambda"}.get(type(func), "?")
+
+
+def _ast_callee(func: ast.expr) -> str:
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return f"{_ast_callee(func.value)}.{func.attr}"
+    return {ast.Call: "()", ast.Subscript: "[]", ast.Lambda: "lambda"}.get(type(func), "?")
+
+
+def call_positions(node: cst.CSTNode, same: ast.AST) -> dict[int, tuple[int, int]]:
+    """``id`` of each ``cst.Call`` below ``node`` -> ``(line, col)`` of that
+    call in ``same``, the ``ast`` of the same code (``ast``'s numbers: col in
+    UTF-8 bytes). Calls are paired in source order among those of one
+    callee as written, so a parse of a function alone (libcst) pairs with
+    the module's ``ast``; a callee whose calls do not pair up one for one
+    is left out (its calls have no position)."""
+    by_callee: dict[str, list[tuple[int, int, int, int]]] = {}
+    for a in ast.walk(same):
+        if isinstance(a, ast.Call):
+            where = (a.lineno, a.col_offset, -(a.end_lineno or 0), -(a.end_col_offset or 0))
+            by_callee.setdefault(_ast_callee(a.func), []).append(where)
+    mine: dict[str, list[cst.Call]] = {}
+    for c in _in_source_order(node):
+        if isinstance(c, cst.Call):
+            mine.setdefault(_cst_callee(c.func), []).append(c)
+    out: dict[int, tuple[int, int]] = {}
+    for callee, calls in mine.items():
+        theirs = sorted(by_callee.get(callee, ()))
+        if len(theirs) == len(calls):
+            out.update((id(c), (w[0], w[1])) for c, w in zip(calls, theirs, strict=True))
+    return out

@@ -12,8 +12,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gdn_backport.analysis import SiteAnalysis, SpecCall, Walk, site_of, walk_entry
+from gdn_backport.analysis import (
+    SiteAnalysis,
+    SpecCall,
+    Status,
+    Walk,
+    accounted,
+    site_of,
+    walk_entry,
+)
+from gdn_backport.cst_nodes import call_positions
+from gdn_backport.dataflow import CallRecord, Frame
+from gdn_backport.provenance import Prov, consistent
 from gdn_backport.resolve import FunctionInfo, ModuleInfo, TreeIndex
+from gdn_backport.sweep import Argument, Reach, Vocabulary, sweep
 
 Key = tuple[str, str, int]  # (module key, qualname, occurrence)
 
@@ -24,6 +36,10 @@ class TreeAnalysis:
     walks: list[tuple[FunctionInfo, Walk]] = field(default_factory=list)
     sites: dict[Key, SiteAnalysis] = field(default_factory=dict)
     lines: dict[Key, int] = field(default_factory=dict)  # the site function's def line
+    # Every call the sweep found handed the spec index or slots, and how the
+    # analysis accounted for it ("site", "benign", "followed", "no-rows"), or
+    # "unknown": it did not, and the call's function is an unknown site.
+    swept: list[tuple[Reach, str]] = field(default_factory=list)
 
     def calls(self) -> list[SpecCall]:
         return [c for _, walk in self.walks for c in walk.calls]
@@ -76,4 +92,141 @@ def analyse_modules(index: TreeIndex, modules: list[ModuleInfo]) -> TreeAnalysis
     for key in sorted(grouped, key=lambda k: (order.get(k[0], len(order)), out.lines[k], k)):
         calls = grouped[key]
         out.sites[key] = site_of(calls, calls[0].flow)
+    reconcile(out, modules)
     return out
+
+
+# -- the sweep's calls against the analysis (gdn_backport/sweep.py) -------------------
+
+
+Position = tuple[str, int, int]  # (module key, line, ast column)
+
+
+def accounted_positions(
+    analysis: TreeAnalysis, only: set[Key] | None = None
+) -> tuple[dict[Position, str], dict[Position, list[CallRecord]]]:
+    """Where each call the analysis accounted for is, and how
+    (:func:`gdn_backport.analysis.accounted`), and every call it saw, by
+    position (``ast``'s, as the sweep gives them); ``only``: the calls of
+    these functions."""
+    cache: dict[int, dict[int, tuple[int, int]]] = {}
+    done: dict[Position, str] = {}
+    seen: dict[Position, list[CallRecord]] = {}
+    for _, w in analysis.walks:
+        fates = {id(record): how for record, how in accounted(w, analysis.index.patchset)}
+        for record in w.flow.calls:
+            frame = w.flow.frames[record.frame]
+            if only is not None and frame.key not in only:
+                continue
+            where = _frame_positions(analysis.index, frame, cache).get(id(record.node))
+            if where is None:
+                continue
+            position = (frame.key[0], *where)
+            seen.setdefault(position, []).append(record)
+            how = fates.get(id(record))
+            # "site" over anything else: a call judged in one walk is judged.
+            if how is not None and done.get(position) != "site":
+                done[position] = how
+    return done, seen
+
+
+def _frame_positions(
+    index: TreeIndex, frame: Frame, cache: dict[int, dict[int, tuple[int, int]]]
+) -> dict[int, tuple[int, int]]:
+    """The frame's calls (by ``id``) -> their line and column in the module."""
+    found = cache.get(id(frame.func))
+    if found is None:
+        module = index.modules.get(frame.key[0])
+        fn = module.function(frame.key[1], frame.key[2]) if module is not None else None
+        found = cache[id(frame.func)] = call_positions(frame.func, fn.node) if fn else {}
+    return found
+
+
+def reconcile(analysis: TreeAnalysis, modules: list[ModuleInfo]) -> None:
+    """Hold the analysis to the sweep: every call the sweep finds in
+    ``modules`` handed the spec index or slots must be one the analysis
+    accounted for; each other call makes its function an ``unknown`` site
+    with a reason a user can act on (the worst status: ``apply`` refuses)."""
+    vocab = Vocabulary.of(analysis.index.patchset)
+    found = [r for m in modules for r in sweep(m.key, m.tree, m.text, vocab)]
+    if not found:
+        return
+    done, seen = accounted_positions(analysis, {r.key for r in found})
+    missed: dict[Key, list[Reach]] = {}
+    for r in found:
+        how = done.get(r.position, "unknown")
+        records = seen.get(r.position, [])
+        plain = r.plain
+        if how == "unknown" and plain and records and all(_other_rows(c, plain) for c in records):
+            how = "other-rows"
+        analysis.swept.append((r, how))
+        if how == "unknown":
+            missed.setdefault(r.key, []).append(r)
+    if not missed:
+        return
+    for key, reaches in missed.items():
+        old = analysis.sites.get(key)
+        if old is not None and old.status is Status.UNKNOWN:
+            continue  # already refused, with its own reason
+        reason = unfollowed_reason(reaches)
+        calls = old.calls if old is not None else []
+        flow = old.flow if old is not None else None
+        analysis.sites[key] = SiteAnalysis(Status.UNKNOWN, reason, calls, flow)
+        analysis.lines.setdefault(key, reaches[0].def_line)
+    order = {m.key: i for i, m in enumerate(analysis.index.modules.values())}
+    ranked = sorted(
+        analysis.sites, key=lambda k: (order.get(k[0], len(order)), analysis.lines[k], k)
+    )
+    analysis.sites = {k: analysis.sites[k] for k in ranked}
+
+
+# What a plain name the analysis traced holds when it is not the spec path's:
+# another selection's slots or rows, every row, or None.
+_OTHER = frozenset(
+    {Prov.STATE_NONSPEC, Prov.IDX_NONSPEC, Prov.NONSPEC, Prov.ALL, Prov.IDX_ALL, Prov.NULL}
+)
+
+
+def _other_rows(record: CallRecord, plain: tuple[Argument, ...]) -> bool:
+    """The analysis traced each of these arguments of ``record`` (plain names
+    the sweep saw assigned the spec index or slots somewhere) to other values
+    on every path that reaches the call: the sweep, blind to which assignment
+    reaches, saw one that does not (``slots`` reassigned in another branch)."""
+    positional = [vals for keyword, arg, vals in record.args if keyword is None and not arg.star]
+    keywords = {keyword: vals for keyword, _, vals in record.args if keyword is not None}
+    for keyword, position in plain:
+        if keyword is not None:
+            vals = keywords.get(keyword)
+        else:
+            vals = positional[position] if position < len(positional) else None
+        if vals is None:
+            return False
+        live = {v.prov for v in vals if consistent(v.assume, record.path) is not None}
+        if not live or not live <= _OTHER:
+            return False
+    return True
+
+
+def unfollowed_reason(reaches: list[Reach]) -> str:
+    """Why a function whose calls the sweep found unaccounted is unknown:
+    the first such call (a kernel first), what reaches it, what to do."""
+    r = min(reaches, key=lambda r: (not r.kernel, r.line, r.col))
+    via = r.field if r.shape in (r.field, r.source) else f"{r.field} ({r.source})"
+    head = (
+        f"{r.callee}(...) at line {r.line} receives {via} through {r.shape}, "
+        "which the analysis does not follow; "
+    )
+    if r.kernel:
+        advice = (
+            "call the kernel by its name with its arguments written out (no ** or * "
+            "unpacking, alias, partial, table or lambda around it) so its gate rows can "
+            "be checked"
+        )
+    else:
+        advice = (
+            "if it runs a spec kernel, declare that kernel (.gdn-backport.toml, see "
+            '"Forks" in the README) and call it with its arguments written out, else '
+            "pass the value by name (name=value) so the analysis can follow it"
+        )
+    more = f" ({len(reaches) - 1} more such call(s) in this function)" if len(reaches) > 1 else ""
+    return head + advice + more
