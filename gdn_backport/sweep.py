@@ -146,11 +146,20 @@ class _Taint:
     source: str  # where that field was read
     shape: str  # how it got here, in words
     level: int = _IS
+    # The index or the slots themselves (a field read, a copy, a view), not
+    # a container, a closure or a call's result holding them.
+    direct: bool = True
 
-    def via(self, shape: str, level: int | None = None) -> _Taint:
+    def via(self, shape: str, level: int | None = None, direct: bool | None = None) -> _Taint:
         if len(shape) > _SHAPE_MAX:
             shape = shape[: _SHAPE_MAX - 3] + "..."
-        return _Taint(self.field, self.source, shape, self.level if level is None else level)
+        return _Taint(
+            self.field,
+            self.source,
+            shape,
+            self.level if level is None else level,
+            self.direct if direct is None else direct,
+        )
 
 
 @dataclass
@@ -160,6 +169,7 @@ class _Scope:
     taint: dict[str, _Taint] = field(default_factory=dict)
     kernels: dict[str, str] = field(default_factory=dict)  # name -> the kernel it names
     closures: set[str] = field(default_factory=set)  # names bound to a lambda or a def
+    lambdas: dict[str, ast.Lambda] = field(default_factory=dict)  # names bound to a lambda
 
     def inner(self, shadowed: Iterable[str]) -> _Scope:
         """A nested scope's start: the names it closes over, minus its own."""
@@ -168,7 +178,15 @@ class _Scope:
             {k: v for k, v in self.taint.items() if k not in names},
             {k: v for k, v in self.kernels.items() if k not in names},
             self.closures - names,
+            {k: v for k, v in self.lambdas.items() if k not in names},
         )
+
+    def lambda_called(self, call: ast.Call) -> ast.Lambda | None:
+        """The lambda a call runs, if it is one of this scope's (or in place)."""
+        func = call.func
+        if isinstance(func, ast.Lambda):
+            return func
+        return self.lambdas.get(func.id) if isinstance(func, ast.Name) else None
 
 
 _Func = ast.FunctionDef | ast.AsyncFunctionDef
@@ -224,6 +242,9 @@ class _Module:
                 return name if name in self.vocab.kernels else None
             if short == "partial" and node.args:
                 return self.kernel_of(node.args[0], scope)
+            lam = scope.lambda_called(node)
+            if lam is not None:  # ``make()`` where make = lambda: <a kernel>
+                return self.kernel_of(lam.body, scope.inner(_params(lam.args)))
             return None
         if isinstance(node, ast.IfExp):
             return self.kernel_of(node.body, scope) or self.kernel_of(node.orelse, scope)
@@ -272,18 +293,18 @@ class _Module:
             for k, v in zip(node.keys, node.values, strict=True):
                 t = self.reach(v, scope)
                 if t is not None:
-                    return t.via(f"{{{'**' if k is None else '...: '}{t.shape}}}")
+                    return t.via(f"{{{'**' if k is None else '...: '}{t.shape}}}", direct=False)
             return None
         if isinstance(node, ast.List | ast.Tuple | ast.Set):
             for e in node.elts:
                 t = self.reach(e, scope)
                 if t is not None:
                     open_, close = _DISPLAY[type(node)]
-                    return t.via(f"{open_}{t.shape}{close}")
+                    return t.via(f"{open_}{t.shape}{close}", direct=False)
             return None
         if isinstance(node, ast.Starred):
             t = self.reach(node.value, scope)
-            return None if t is None else t.via(f"*{t.shape}")
+            return None if t is None else t.via(f"*{t.shape}", direct=False)
         if isinstance(node, ast.IfExp):
             return self.reach(node.body, scope) or self.reach(node.orelse, scope)
         for child in ast.iter_child_nodes(node):
@@ -310,6 +331,9 @@ class _Module:
             return _Taint(read, text, text)
         if self.kernel_of(func, scope) is not None:
             return None  # a kernel hands back its outputs
+        lam = scope.lambda_called(node)
+        if lam is not None:  # a local lambda hands back what its body holds
+            return self.reach(lam.body, scope.inner(_params(lam.args)))
         if short in vocab.metadata:
             return None
         if short in vocab.rows:
@@ -330,8 +354,8 @@ class _Module:
             return None
         name = _written(func)
         if short in _CONTAINERS:
-            return t.via(f"{name}({t.shape})")
-        return t.via(f"{name}(...) handed {t.shape}", _DERIVED)
+            return t.via(f"{name}({t.shape})", direct=False)
+        return t.via(f"{name}(...) handed {t.shape}", _DERIVED, direct=False)
 
     def _handed(self, node: ast.Call, scope: _Scope, every: bool) -> _Taint | None:
         """The first tainted value a call is handed (:meth:`_arguments`)."""
@@ -385,7 +409,7 @@ class _Module:
                     t = _Taint(n.attr, text, text)
             if t is not None:
                 what = "a lambda" if isinstance(node, ast.Lambda) else f"def {node.name}"
-                return t.via(f"{what} closing over {t.shape}")
+                return t.via(f"{what} closing over {t.shape}", direct=False)
         return None
 
     # -- scopes ----------------------------------------------------------------
@@ -396,26 +420,28 @@ class _Module:
         scope: _Scope,
         owner: tuple[str, int, int],
         prefix: str,
+        cls: bool = False,
     ) -> None:
         """Sweep one scope: bind its names to a fixpoint, judge its calls
         (``owner``: the function they belong to, its occurrence and def line),
-        then the scopes nested in it, with what they close over."""
+        then the scopes nested in it, with what they close over. ``cls``: a
+        class body."""
         binds: list[_Bind] = []
         calls: list[ast.Call] = []
         nested: list[ast.AST] = []
         _collect(body, binds, calls, nested)
         self._bind_all(binds, scope, owner[0] == MODULE)
+        if cls:
+            # What a class body binds to a kernel, its methods reach as ``self.NAME``.
+            self.attrs.update(scope.kernels)
         for call in calls:
             self._judge(call, scope, owner)
         for node in nested:
             if isinstance(node, ast.Lambda):
                 self.scope([node.body], scope.inner(_params(node.args)), owner, prefix)
             elif isinstance(node, ast.ClassDef):
-                # Its body runs with this scope's names; what it binds to a
-                # kernel, its methods reach as ``self.NAME``.
-                inner = scope.inner(())
-                self.scope(node.body, inner, owner, f"{prefix}{node.name}.")
-                self.attrs.update(inner.kernels)
+                # Its body runs with this scope's names.
+                self.scope(node.body, scope.inner(()), owner, f"{prefix}{node.name}.", True)
             elif isinstance(node, _Func):
                 self._function(node, scope, prefix)
 
@@ -438,11 +464,17 @@ class _Module:
                 for name in targets:
                     if how in ("def", "lambda"):
                         scope.closures.add(name)
+                    if isinstance(value, ast.Lambda):
+                        scope.lambdas[name] = value
                     if kernel is not None and name not in scope.kernels:
                         scope.kernels[name] = kernel
                         bound.add(name)
                     if t is not None and name not in scope.taint:
-                        scope.taint[name] = t.via(_named(name, how, t))
+                        # What a loop or a context manager hands its target
+                        # is the value, whoever made it.
+                        level = _IS if how in ("for", "with") else None
+                        direct = t.direct and how != "fill"
+                        scope.taint[name] = t.via(_named(name, how, t), level, direct)
                         bound.add(name)
             if not bound:
                 return
@@ -587,10 +619,10 @@ def _written(node: ast.expr) -> str:
 
 def _named(name: str, how: str, t: _Taint) -> str:
     """The shape of a local bound from ``t``."""
-    if t.shape in (name, t.source):
-        return name
     if how == "fill":
         return f"{name} (filled with {t.shape})"
+    if t.direct:
+        return name
     return f"{name} = {t.shape}"
 
 
@@ -599,7 +631,7 @@ def _plain(arg: ast.expr, t: _Taint) -> bool:
     return (
         _dotted(arg) is not None
         and t.level == _IS
-        and t.shape in (_dotted(arg), t.source)
+        and t.direct
         and not t.source.startswith("parameter ")
     )
 
@@ -674,6 +706,8 @@ def _children(node: ast.AST) -> Iterator[ast.AST]:
 
 
 _BINDS = (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)
+# ``kw["x"] = v`` fills kw.
+_FILL_TARGET: dict[type, str] = {ast.Subscript: "fill"}
 _LOOPS = (ast.For, ast.AsyncFor, ast.comprehension)
 _NOTED = frozenset(
     {
@@ -713,8 +747,9 @@ def _collect(
             nested.append(node)
             continue
         if isinstance(node, ast.Assign):
-            names = [n for t in node.targets for n in _targets(t)]
-            binds.append((names, node.value, "lambda" if _is_lambda(node.value) else "assign"))
+            for target, value in _pairs(node.targets, node.value):
+                how = "lambda" if isinstance(value, ast.Lambda) else "assign"
+                binds.append((_targets(target), value, _FILL_TARGET.get(type(target), how)))
         elif isinstance(node, _BINDS):
             if node.value is not None:
                 binds.append((_targets(node.target), node.value, "assign"))
@@ -734,8 +769,26 @@ def _collect(
     nested.sort(key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
 
 
-def _is_lambda(node: ast.expr) -> bool:
-    return isinstance(node, ast.Lambda)
+def _pairs(targets: list[ast.expr], value: ast.expr) -> Iterator[tuple[ast.expr, ast.expr]]:
+    """(target, value) of an assignment, element by element where both
+    sides are tuples of the same length (``slots, acc = x.s, x.acc``)."""
+    for target in targets:
+        if (
+            isinstance(target, ast.Tuple | ast.List)
+            and isinstance(value, ast.Tuple | ast.List)
+            and len(target.elts) == len(value.elts)
+            and not any(isinstance(e, ast.Starred) for e in [*target.elts, *value.elts])
+        ):
+            yield from _pairs_each(target.elts, value.elts)
+        else:
+            yield target, value
+
+
+def _pairs_each(
+    targets: list[ast.expr], values: list[ast.expr]
+) -> Iterator[tuple[ast.expr, ast.expr]]:
+    for target, value in zip(targets, values, strict=True):
+        yield from _pairs([target], value)
 
 
 def sweep(key: str, tree: ast.Module, text: str, vocab: Vocabulary) -> list[Reach]:
