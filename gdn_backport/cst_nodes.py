@@ -173,25 +173,33 @@ def _ast_callee(func: ast.expr) -> str:
     return {ast.Call: "()", ast.Subscript: "[]", ast.Lambda: "lambda"}.get(type(func), "?")
 
 
-def call_positions(node: cst.CSTNode, same: ast.AST) -> dict[int, tuple[int, int]]:
-    """``id`` of each ``cst.Call`` below ``node`` -> ``(line, col)`` of that
-    call in ``same``, the ``ast`` of the same code (``ast``'s numbers: col in
-    UTF-8 bytes). Calls are paired in source order among those of one
+Span = tuple[int, int, int, int]  # (line, col, end line, end col), as ``ast`` counts
+
+
+def span(node: ast.expr) -> Span:
+    """Where ``node`` starts and ends (``f(x)(y)`` and ``f(x)`` start alike)."""
+    return (node.lineno, node.col_offset, node.end_lineno or 0, node.end_col_offset or 0)
+
+
+def call_positions(node: cst.CSTNode, same: ast.AST) -> dict[int, Span]:
+    """``id`` of each ``cst.Call`` below ``node`` -> the :data:`Span` of that
+    call in ``same``, the ``ast`` of the same code (``ast``'s numbers: cols
+    in UTF-8 bytes). Calls are paired in source order among those of one
     callee as written, so a parse of a function alone (libcst) pairs with
     the module's ``ast``; a callee whose calls do not pair up one for one
     is left out (its calls have no position)."""
-    by_callee: dict[str, list[tuple[int, int, int, int]]] = {}
+    by_callee: dict[str, list[Span]] = {}
     for a in ast.walk(same):
         if isinstance(a, ast.Call):
-            where = (a.lineno, a.col_offset, -(a.end_lineno or 0), -(a.end_col_offset or 0))
-            by_callee.setdefault(_ast_callee(a.func), []).append(where)
+            by_callee.setdefault(_ast_callee(a.func), []).append(span(a))
     mine: dict[str, list[cst.Call]] = {}
     for c in _in_source_order(node):
         if isinstance(c, cst.Call):
             mine.setdefault(_cst_callee(c.func), []).append(c)
-    out: dict[int, tuple[int, int]] = {}
+    out: dict[int, Span] = {}
     for callee, calls in mine.items():
-        theirs = sorted(by_callee.get(callee, ()))
+        # Source order; of two calls that start alike, the outer one first.
+        theirs = sorted(by_callee.get(callee, ()), key=lambda w: (w[0], w[1], -w[2], -w[3]))
         if len(theirs) == len(calls):
-            out.update((id(c), (w[0], w[1])) for c, w in zip(calls, theirs, strict=True))
+            out.update((id(c), w) for c, w in zip(calls, theirs, strict=True))
     return out

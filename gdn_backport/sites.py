@@ -21,7 +21,7 @@ from gdn_backport.analysis import (
     site_of,
     walk_entry,
 )
-from gdn_backport.cst_nodes import call_positions
+from gdn_backport.cst_nodes import Span, call_positions
 from gdn_backport.dataflow import CallRecord, Frame
 from gdn_backport.provenance import Prov, consistent
 from gdn_backport.resolve import FunctionInfo, ModuleInfo, TreeIndex
@@ -99,19 +99,21 @@ def analyse_modules(index: TreeIndex, modules: list[ModuleInfo]) -> TreeAnalysis
 # -- the sweep's calls against the analysis (gdn_backport/sweep.py) -------------------
 
 
-Position = tuple[str, int, int]  # (module key, line, ast column)
+Position = tuple[str, int, int, int, int]  # (module key, *the call's Span)
 
 
 def accounted_positions(
     analysis: TreeAnalysis, only: set[Key] | None = None
 ) -> tuple[dict[Position, str], dict[Position, list[CallRecord]]]:
     """Where each call the analysis accounted for is, and how
-    (:func:`gdn_backport.analysis.accounted`), and every call it saw, by
-    position (``ast``'s, as the sweep gives them); ``only``: the calls of
-    these functions."""
-    cache: dict[int, dict[int, tuple[int, int]]] = {}
+    (:func:`gdn_backport.analysis.accounted`; "site" where it judged the
+    call as a kernel's, "site:callee" where as an unknown callee's), and
+    every call it saw, by position (``ast``'s, as the sweep gives them);
+    ``only``: the calls of these functions."""
+    cache: dict[int, dict[int, Span]] = {}
     done: dict[Position, str] = {}
     seen: dict[Position, list[CallRecord]] = {}
+    patchset = analysis.index.patchset
     for _, w in analysis.walks:
         fates = {id(record): how for record, how in accounted(w, analysis.index.patchset)}
         for record in w.flow.calls:
@@ -124,15 +126,17 @@ def accounted_positions(
             position = (frame.key[0], *where)
             seen.setdefault(position, []).append(record)
             how = fates.get(id(record))
-            # "site" over anything else: a call judged in one walk is judged.
+            if how == "site" and patchset.kernel_for(record.callee) is None:
+                how = "site:callee"
+            # A kernel's site over anything else: a call judged in one walk is judged.
             if how is not None and done.get(position) != "site":
                 done[position] = how
     return done, seen
 
 
 def _frame_positions(
-    index: TreeIndex, frame: Frame, cache: dict[int, dict[int, tuple[int, int]]]
-) -> dict[int, tuple[int, int]]:
+    index: TreeIndex, frame: Frame, cache: dict[int, dict[int, Span]]
+) -> dict[int, Span]:
     """The frame's calls (by ``id``) -> their line and column in the module."""
     found = cache.get(id(frame.func))
     if found is None:
@@ -152,16 +156,21 @@ def reconcile(analysis: TreeAnalysis, modules: list[ModuleInfo]) -> None:
     if not found:
         return
     done, seen = accounted_positions(analysis, {r.key for r in found})
-    missed: dict[Key, list[Reach]] = {}
+    missed: dict[Key, list[tuple[Reach, str]]] = {}
     for r in found:
         how = done.get(r.position, "unknown")
         records = seen.get(r.position, [])
         plain = r.plain
+        why = "unfollowed"
         if how == "unknown" and plain and records and all(_other_rows(c, plain) for c in records):
             how = "other-rows"
+        elif r.kernel is not None and how in ("site:callee", "no-rows"):
+            # A kernel the analysis took for an unknown callee: its verdict
+            # on the call is about the wrong thing.
+            how, why = "unknown", "unresolved"
         analysis.swept.append((r, how))
         if how == "unknown":
-            missed.setdefault(r.key, []).append(r)
+            missed.setdefault(r.key, []).append((r, why))
     if not missed:
         return
     for key, reaches in missed.items():
@@ -172,7 +181,7 @@ def reconcile(analysis: TreeAnalysis, modules: list[ModuleInfo]) -> None:
         calls = old.calls if old is not None else []
         flow = old.flow if old is not None else None
         analysis.sites[key] = SiteAnalysis(Status.UNKNOWN, reason, calls, flow)
-        analysis.lines.setdefault(key, reaches[0].def_line)
+        analysis.lines.setdefault(key, reaches[0][0].def_line)
     order = {m.key: i for i, m in enumerate(analysis.index.modules.values())}
     ranked = sorted(
         analysis.sites, key=lambda k: (order.get(k[0], len(order)), analysis.lines[k], k)
@@ -207,16 +216,20 @@ def _other_rows(record: CallRecord, plain: tuple[Argument, ...]) -> bool:
     return True
 
 
-def unfollowed_reason(reaches: list[Reach]) -> str:
+def unfollowed_reason(reaches: list[tuple[Reach, str]]) -> str:
     """Why a function whose calls the sweep found unaccounted is unknown:
     the first such call (a kernel first), what reaches it, what to do."""
-    r = min(reaches, key=lambda r: (not r.kernel, r.line, r.col))
+    r, why = min(reaches, key=lambda rw: (rw[0].kernel is None, rw[0].line, rw[0].col))
     via = r.field if r.shape in (r.field, r.source) else f"{r.field} ({r.source})"
-    head = (
-        f"{r.callee}(...) at line {r.line} receives {via} through {r.shape}, "
-        "which the analysis does not follow; "
-    )
-    if r.kernel:
+    head = f"{r.callee}(...) at line {r.line} receives {via} through {r.shape}, "
+    if why == "unresolved":
+        head += (
+            f"and is the kernel {r.kernel} under a name the analysis does not resolve (it "
+            "judged the call as an unknown callee's); "
+        )
+    else:
+        head += "which the analysis does not follow; "
+    if r.kernel is not None:
         advice = (
             "call the kernel by its name with its arguments written out (no ** or * "
             "unpacking, alias, partial, table or lambda around it) so its gate rows can "

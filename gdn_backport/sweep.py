@@ -49,6 +49,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from gdn_backport.cst_nodes import Span, span
 from gdn_backport.patchset import Patchset
 
 MODULE = "<module>"
@@ -116,6 +117,8 @@ class Reach:
     module: str  # the module's key (its tree-relative path)
     line: int
     col: int  # ``ast``'s column: UTF-8 bytes from the line's start, from 0
+    end_line: int
+    end_col: int
     function: str  # the enclosing ``def``'s qualname; ``<module>`` outside any
     occurrence: int  # how many earlier functions of the module share that qualname
     def_line: int  # that function's ``def`` line (the call's own line at module level)
@@ -123,7 +126,7 @@ class Reach:
     field: str  # the metadata field that reaches it
     source: str  # where the field is read: ``attn_metadata.spec_state_indices_tensor``
     shape: str  # through what: ``**dict(...) holding spec_state_indices_tensor``
-    kernel: bool  # the callee is a kernel of the patchset, under some name
+    kernel: str | None  # the kernel of the patchset the callee is, under whatever name
     # When every argument that hands it the value is a plain name holding the
     # index or the slots themselves (``slots=slots``): those arguments, by
     # keyword or position. A flow-insensitive sweep cannot tell which of a
@@ -131,8 +134,9 @@ class Reach:
     plain: tuple[Argument, ...] | None = None
 
     @property
-    def position(self) -> tuple[str, int, int]:
-        return (self.module, self.line, self.col)
+    def position(self) -> tuple[str, int, int, int, int]:
+        """The module and the call's span: ``f(x)(y)`` and ``f(x)`` start alike."""
+        return (self.module, self.line, self.col, self.end_line, self.end_col)
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -202,7 +206,7 @@ class _Module:
         self.key = key
         self.vocab = vocab
         self.lines = text.splitlines()
-        self.found: dict[tuple[int, int], Reach] = {}
+        self.found: dict[Span, Reach] = {}
         self.occurrences: dict[str, int] = {}
         self.nodes: dict[int, list[ast.AST]] = {}  # the nodes of a closure, walked once
         # A local name an import binds to a kernel (``import ... as k``, in
@@ -248,6 +252,12 @@ class _Module:
             return None
         if isinstance(node, ast.IfExp):
             return self.kernel_of(node.body, scope) or self.kernel_of(node.orelse, scope)
+        if isinstance(node, ast.Lambda):
+            # ``lambda *a, **kw: kernel(*a, **kw)``: a lambda that calls a
+            # kernel is that kernel, to whoever calls the lambda.
+            inner = scope.inner(_params(node.args))
+            calls = (n for n in ast.walk(node.body) if isinstance(n, ast.Call))
+            return next((k for c in calls if (k := self.kernel_of(c.func, inner))), None)
         if isinstance(node, ast.Subscript | ast.NamedExpr | ast.Starred):
             return self.kernel_of(node.value, scope)
         if isinstance(node, ast.Dict):
@@ -385,7 +395,9 @@ class _Module:
         ):
             return  # a local lambda or def: its body's calls are swept themselves
         t = self.reach(func, scope)
-        if t is not None and (every or t.level == _IS):
+        # A kernel bound to anything made of the index or the slots
+        # (``partial(kernel, **make(slots))``) runs on it, however made.
+        if t is not None and (every or t.level == _IS or self.kernel_of(func, scope)):
             what = "receiver" if isinstance(func, ast.Attribute) else "callee"
             yield ("<callee>", -1), t.via(f"its {what} {t.shape}"), False
 
@@ -458,7 +470,7 @@ class _Module:
             for i in todo:
                 targets, value, how = binds[i]
                 kernel = None
-                if how == "assign" and isinstance(value, ast.expr):
+                if how in ("assign", "lambda") and isinstance(value, ast.expr):
                     kernel = self.kernel_of(value, scope)
                 t = None if top and how == "def" else self._bound(value, how, scope)
                 for name in targets:
@@ -534,7 +546,7 @@ class _Module:
         if kernel is None and self.vocab.quiet(_short(call.func)):
             return
         handed = list(self._arguments(call, scope, every=False))
-        where = (call.lineno, call.col_offset)
+        where = span(call)
         if not handed or where in self.found:
             return
         _, t, _ = handed[0]
@@ -542,8 +554,7 @@ class _Module:
         qual, occurrence, def_line = owner
         self.found[where] = Reach(
             self.key,
-            call.lineno,
-            call.col_offset,
+            *where,
             qual,
             occurrence,
             def_line or call.lineno,
@@ -551,7 +562,7 @@ class _Module:
             t.field,
             t.source,
             t.shape,
-            kernel is not None,
+            kernel,
             plain,
         )
 
