@@ -203,3 +203,69 @@ def call_positions(node: cst.CSTNode, same: ast.AST) -> dict[int, Span]:
         if len(theirs) == len(calls):
             out.update((id(c), w) for c, w in zip(calls, theirs, strict=True))
     return out
+
+
+def _cst_value(node: cst.BaseExpression) -> str:
+    name = dotted(node)
+    return "." if name is None or name in ("None", "True", "False") else name
+
+
+def _ast_value(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _ast_value(node.value)
+        return "." if inner == "." else f"{inner}.{node.attr}"
+    return "."
+
+
+def _cst_print(call: cst.Call) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """What ``_ast_print`` says of the same call: its callee, its positional
+    arguments in order (``*x`` too), its keywords (``**x`` too) sorted."""
+    pos, kws = [], []
+    for a in call.args:
+        value = _cst_value(a.value)
+        if a.star == "**":
+            kws.append(f"**{value}")
+        elif a.keyword is not None:
+            kws.append(f"{a.keyword.value}={value}")
+        else:
+            pos.append(f"{a.star}{value}")
+    return _cst_callee(call.func), tuple(pos), tuple(sorted(kws))
+
+
+def _ast_print(call: ast.Call) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    pos = [
+        f"*{_ast_value(a.value)}" if isinstance(a, ast.Starred) else _ast_value(a)
+        for a in call.args
+    ]
+    kws = [f"{'**' if k.arg is None else k.arg + '='}{_ast_value(k.value)}" for k in call.keywords]
+    return _ast_callee(call.func), tuple(pos), tuple(sorted(kws))
+
+
+def call_spans(
+    calls: Sequence[cst.Call], node: cst.CSTNode, same: ast.AST, wanted: set[Span]
+) -> dict[int, Span]:
+    """``id`` of each of ``calls`` (calls below ``node``) that is one of the
+    ``wanted`` calls of ``same`` (the ``ast`` of the same code) -> its span.
+
+    :func:`call_positions` for a few calls, without a walk of ``node``: a
+    call is paired by its print (callee, arguments' names and keywords) when
+    one call of ``same`` alone has that print; where one does not, by
+    :func:`call_positions`."""
+    found = [a for a in ast.walk(same) if isinstance(a, ast.Call)]
+    keys = {_ast_callee(a.func) for a in found if span(a) in wanted}
+    prints: dict[tuple[str, tuple[str, ...], tuple[str, ...]], list[Span]] = {}
+    for a in found:
+        if _ast_callee(a.func) in keys:
+            prints.setdefault(_ast_print(a), []).append(span(a))
+    out: dict[int, Span] = {}
+    for c in calls:
+        if _cst_callee(c.func) not in keys:
+            continue
+        spans = prints.get(_cst_print(c), [])
+        if len(spans) != 1:
+            full = call_positions(node, same)
+            return {id(c): full[id(c)] for c in calls if id(c) in full}
+        out[id(c)] = spans[0]
+    return out

@@ -21,7 +21,7 @@ from gdn_backport.analysis import (
     site_of,
     walk_entry,
 )
-from gdn_backport.cst_nodes import Span, call_positions
+from gdn_backport.cst_nodes import Span, call_spans
 from gdn_backport.dataflow import CallRecord, Frame
 from gdn_backport.provenance import Prov, consistent
 from gdn_backport.resolve import FunctionInfo, ModuleInfo, TreeIndex
@@ -103,47 +103,43 @@ Position = tuple[str, int, int, int, int]  # (module key, *the call's Span)
 
 
 def accounted_positions(
-    analysis: TreeAnalysis, only: set[Key] | None = None
+    analysis: TreeAnalysis, wanted: dict[Key, set[Span]]
 ) -> tuple[dict[Position, str], dict[Position, list[CallRecord]]]:
     """Where each call the analysis accounted for is, and how
     (:func:`gdn_backport.analysis.accounted`; "site" where it judged the
     call as a kernel's, "site:callee" where as an unknown callee's), and
-    every call it saw, by position (``ast``'s, as the sweep gives them);
-    ``only``: the calls of these functions."""
-    cache: dict[int, dict[int, Span]] = {}
-    done: dict[Position, str] = {}
-    seen: dict[Position, list[CallRecord]] = {}
+    every call it saw, by position (``ast``'s, as the sweep gives them), of
+    the ``wanted`` calls (by function)."""
     patchset = analysis.index.patchset
+    frames: dict[int, tuple[Frame, list[tuple[CallRecord, str | None]]]] = {}
     for _, w in analysis.walks:
-        fates = {id(record): how for record, how in accounted(w, analysis.index.patchset)}
+        fates = {id(record): how for record, how in accounted(w, patchset)}
         for record in w.flow.calls:
             frame = w.flow.frames[record.frame]
-            if only is not None and frame.key not in only:
-                continue
-            where = _frame_positions(analysis.index, frame, cache).get(id(record.node))
+            if frame.key in wanted:
+                entry = frames.setdefault(id(frame.func), (frame, []))
+                entry[1].append((record, fates.get(id(record))))
+    done: dict[Position, str] = {}
+    seen: dict[Position, list[CallRecord]] = {}
+    for frame, records in frames.values():
+        module = analysis.index.modules.get(frame.key[0])
+        fn = module.function(frame.key[1], frame.key[2]) if module is not None else None
+        if fn is None:
+            continue
+        nodes = [record.node for record, _ in records]
+        spans = call_spans(nodes, frame.func, fn.node, wanted[frame.key])
+        for record, how in records:
+            where = spans.get(id(record.node))
             if where is None:
                 continue
             position = (frame.key[0], *where)
             seen.setdefault(position, []).append(record)
-            how = fates.get(id(record))
             if how == "site" and patchset.kernel_for(record.callee) is None:
                 how = "site:callee"
             # A kernel's site over anything else: a call judged in one walk is judged.
             if how is not None and done.get(position) != "site":
                 done[position] = how
     return done, seen
-
-
-def _frame_positions(
-    index: TreeIndex, frame: Frame, cache: dict[int, dict[int, Span]]
-) -> dict[int, Span]:
-    """The frame's calls (by ``id``) -> their line and column in the module."""
-    found = cache.get(id(frame.func))
-    if found is None:
-        module = index.modules.get(frame.key[0])
-        fn = module.function(frame.key[1], frame.key[2]) if module is not None else None
-        found = cache[id(frame.func)] = call_positions(frame.func, fn.node) if fn else {}
-    return found
 
 
 def reconcile(analysis: TreeAnalysis, modules: list[ModuleInfo]) -> None:
@@ -155,7 +151,10 @@ def reconcile(analysis: TreeAnalysis, modules: list[ModuleInfo]) -> None:
     found = [r for m in modules for r in sweep(m.key, m.tree, m.text, vocab)]
     if not found:
         return
-    done, seen = accounted_positions(analysis, {r.key for r in found})
+    wanted: dict[Key, set[Span]] = {}
+    for r in found:
+        wanted.setdefault(r.key, set()).add(r.position[1:])
+    done, seen = accounted_positions(analysis, wanted)
     missed: dict[Key, list[tuple[Reach, str]]] = {}
     for r in found:
         how = done.get(r.position, "unknown")

@@ -442,15 +442,16 @@ class _Module:
         calls: list[ast.Call] = []
         nested: list[ast.AST] = []
         _collect(body, binds, calls, nested)
+        inherited = set(scope.kernels)
         self._bind_all(binds, scope, owner[0] == MODULE)
         if cls:
             # What a class body binds to a kernel, its methods reach as ``self.NAME``.
-            self.attrs.update(scope.kernels)
+            self.attrs.update({k: v for k, v in scope.kernels.items() if k not in inherited})
         for call in calls:
             self._judge(call, scope, owner)
         for node in nested:
             if isinstance(node, ast.Lambda):
-                self.scope([node.body], scope.inner(_params(node.args)), owner, prefix)
+                self.scope([node.body], self._enter(node.args, scope), owner, prefix)
             elif isinstance(node, ast.ClassDef):
                 # Its body runs with this scope's names.
                 self.scope(node.body, scope.inner(()), owner, f"{prefix}{node.name}.", True)
@@ -518,11 +519,7 @@ class _Module:
         qual = f"{prefix}{node.name}"
         occurrence = self.occurrences.get(qual, 0)
         self.occurrences[qual] = occurrence + 1
-        params = _params(node.args)
-        scope = outer.inner(params)
-        for p in params:
-            if p in self.vocab.fields:
-                scope.taint[p] = _Taint(p, f"parameter {p}", p)
+        scope = self._enter(node.args, outer)
         text = "\n".join(self.lines[node.lineno - 1 : node.end_lineno or node.lineno])
         skip = node.name in self.vocab.kernels  # the kernel's own wrapper
         if skip or (not scope.taint and not any(f in text for f in self.vocab.fields)):
@@ -534,6 +531,16 @@ class _Module:
                 self.occurrences[inner] = self.occurrences.get(inner, 0) + 1
             return
         self.scope(node.body, scope, (qual, occurrence, node.lineno), f"{qual}.")
+
+    def _enter(self, args: ast.arguments, outer: _Scope) -> _Scope:
+        """The scope of a function or a lambda: what it closes over, and its
+        parameters named like a field (forks pass the index in)."""
+        params = _params(args)
+        scope = outer.inner(params)
+        for p in params:
+            if p in self.vocab.fields:
+                scope.taint[p] = _Taint(p, f"parameter {p}", p)
+        return scope
 
     def _bound(self, value: ast.AST, how: str, scope: _Scope) -> _Taint | None:
         if isinstance(value, _Func):
@@ -737,11 +744,21 @@ def _collect(
     """One pass over a scope's code: its bindings, its calls, its nested scopes
     in source order (whose bodies are not entered: what runs here of them is)."""
     stack: list[ast.AST] = list(body)
+    fields = _FIELDS
     while stack:
         node = stack.pop()
         kind = type(node)
         if kind not in _NOTED:
-            stack.extend(_children(node))
+            # ``_children``, inlined: most nodes pass here.
+            code = fields.get(kind)
+            if code is None:
+                code = fields[kind] = tuple(f for f in kind._fields if f not in _LEAF_FIELDS)
+            for name in code:
+                value = getattr(node, name, None)
+                if value.__class__ is list:
+                    stack.extend(v for v in value if isinstance(v, ast.AST))
+                elif isinstance(value, ast.AST):
+                    stack.append(value)
             continue
         if isinstance(node, _Func):
             stack.extend([*node.decorator_list, *node.args.defaults])

@@ -442,7 +442,7 @@ def test_functions_are_named_as_the_resolver_names_them() -> None:
 
 
 def test_the_analysis_calls_are_placed_where_ast_puts_them() -> None:
-    from gdn_backport.cst_nodes import call_positions, span
+    from gdn_backport.cst_nodes import call_positions, call_spans, span
 
     text = textwrap.dedent("""\
         @dec(arg())
@@ -460,6 +460,15 @@ def test_the_analysis_calls_are_placed_where_ast_puts_them() -> None:
     pos = call_positions(func, tree)
     wanted = {span(n) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     assert set(pos.values()) == wanted
+    # A few calls, by their print where it is unique, else in order: the same.
+    calls = _cst_calls(func)
+    assert call_spans(calls, func, tree, wanted) == pos
+    ast_calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    [h] = [n for n in ast_calls if isinstance(n.func, ast.Name) and n.func.id == "h"]
+    assert set(call_spans(calls, func, tree, {span(h)}).values()) == {span(h)}
+    g = [span(n) for n in ast_calls if isinstance(n.func, ast.Name) and n.func.id == "g"]
+    some = call_spans(calls, func, tree, {g[0]})  # g(x) twice: paired in order
+    assert set(g) <= set(some.values()) and all(pos[k] == v for k, v in some.items())
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     where = wrapper.resolve(PositionProvider)
     lines = text.splitlines()
@@ -468,6 +477,12 @@ def test_the_analysis_calls_are_placed_where_ast_puts_them() -> None:
             line, col, _, _ = pos[id(node)]
             chars = len(lines[line - 1].encode()[:col].decode())
             assert (p.start.line, p.start.column) == (line, chars)
+
+
+def _cst_calls(node: cst.CSTNode) -> list[cst.Call]:
+    from gdn_backport.cst_nodes import walk
+
+    return [n for n in walk(node) if isinstance(n, cst.Call)]
 
 
 # -- 3. through scan and apply ------------------------------------------------------------
