@@ -424,7 +424,9 @@ def test_the_inline_dict_shape_of_each_affected_release_is_unknown(
     text = reshaped(version, "", f"{KERNEL}(**dict({inline}))")
     root = shaped_tree(tmp_path_factory, version, text)
     code_, out = _cli("scan", str(root), "--patchset", "pr51812", "--json")
-    [site] = [s for s in json.loads(out)["sites"] if s["function"] == f"{lay.cls}._forward_core"]
+    found = [s for s in json.loads(out)["sites"] if s["function"] == f"{lay.cls}._forward_core"]
+    assert len(found) == 1, (code_, found or "no site at all: the spec call is missed silently")
+    site = found[0]
     assert (code_, site["status"]) == (2, "unknown"), site
     assert "through **dict(ssm_state_indices=spec_state_indices_tensor)" in site["reason"]
     assert "no GDN spec path" not in _cli("scan", str(root), "--patchset", "pr51812")[1]

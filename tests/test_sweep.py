@@ -540,7 +540,9 @@ def test_a_shape_the_analysis_does_not_follow_is_unknown(tmp_path: Path, name: s
     compile(text, name, "exec")
     root = tree(tmp_path, {SITE: text})
     _, sites = scan_tree(root)
-    [site] = [s for s in sites if s.function == "Layer._forward_core"]
+    found = [s for s in sites if s.function == "Layer._forward_core"]
+    assert len(found) == 1, found or "no site at all: the spec call is missed silently"
+    site = found[0]
     assert site.status == "unknown", site
     assert "which the analysis does not follow" in site.reason or (
         "under a name the analysis does not resolve" in site.reason
@@ -557,7 +559,9 @@ def test_a_shape_the_analysis_does_not_follow_is_unknown(tmp_path: Path, name: s
 def test_the_reason_names_the_call_the_field_and_the_shape(tmp_path: Path) -> None:
     root = tree(tmp_path, {SITE: _shape(MISSED_SHAPES["inline_dict"])})
     _, out, _ = _cli("scan", str(root), "--json")
-    [site] = [s for s in json.loads(out)["sites"] if s["function"] == "Layer._forward_core"]
+    found = [s for s in json.loads(out)["sites"] if s["function"] == "Layer._forward_core"]
+    assert len(found) == 1, found or "no site at all: the spec call is missed silently"
+    site = found[0]
     line = next(
         i for i, t in enumerate((root / SITE).read_text().splitlines(), 1) if "**dict(" in t
     )
