@@ -37,8 +37,9 @@ class TreeAnalysis:
     sites: dict[Key, SiteAnalysis] = field(default_factory=dict)
     lines: dict[Key, int] = field(default_factory=dict)  # the site function's def line
     # Every call the sweep found handed the spec index or slots, and how the
-    # analysis accounted for it ("site", "benign", "followed", "no-rows"), or
-    # "unknown": it did not, and the call's function is an unknown site.
+    # analysis accounted for it ("site", "benign", "followed", "no-rows";
+    # "other-rows": it traced the names the sweep flagged to other values),
+    # or "unknown": it did not, and the call's function is an unknown site.
     swept: list[tuple[Reach, str]] = field(default_factory=list)
 
     def calls(self) -> list[SpecCall]:
@@ -106,8 +107,8 @@ def accounted_positions(
     analysis: TreeAnalysis, wanted: dict[Key, set[Span]]
 ) -> tuple[dict[Position, str], dict[Position, list[CallRecord]]]:
     """Where each call the analysis accounted for is, and how
-    (:func:`gdn_backport.analysis.accounted`; "site" where it judged the
-    call as a kernel's, "site:callee" where as an unknown callee's), and
+    (:func:`gdn_backport.analysis.accounted`, with ":callee" where it did
+    not judge the call as a kernel's: "site:callee", "no-rows:callee"), and
     every call it saw, by position (``ast``'s, as the sweep gives them), of
     the ``wanted`` calls (by function)."""
     patchset = analysis.index.patchset
@@ -134,10 +135,12 @@ def accounted_positions(
                 continue
             position = (frame.key[0], *where)
             seen.setdefault(position, []).append(record)
-            if how == "site" and patchset.kernel_for(record.callee) is None:
-                how = "site:callee"
-            # A kernel's site over anything else: a call judged in one walk is judged.
-            if how is not None and done.get(position) != "site":
+            if how is not None and patchset.kernel_for(record.callee) is None:
+                # Judged, but not as a kernel's call: as an unknown callee's,
+                # a PyTorch op's, ... (the sweep may know the callee better).
+                how = f"{how}:callee" if how in ("site", "benign", "no-rows") else how
+            # A kernel's call over anything else: a call judged in one walk is judged.
+            if how is not None and done.get(position) not in ("site", "benign"):
                 done[position] = how
     return done, seen
 
@@ -163,10 +166,11 @@ def reconcile(analysis: TreeAnalysis, modules: list[ModuleInfo]) -> None:
         why = "unfollowed"
         if how == "unknown" and plain and records and all(_other_rows(c, plain) for c in records):
             how = "other-rows"
-        elif r.kernel is not None and how in ("site:callee", "no-rows"):
-            # A kernel the analysis took for an unknown callee: its verdict
-            # on the call is about the wrong thing.
+        elif r.kernel is not None and how.endswith(":callee"):
+            # A kernel the analysis took for something else: its verdict on
+            # the call is about the wrong thing.
             how, why = "unknown", "unresolved"
+        how = how.removesuffix(":callee")
         analysis.swept.append((r, how))
         if how == "unknown":
             missed.setdefault(r.key, []).append((r, why))
