@@ -195,7 +195,7 @@ class _Scope:
 
 _Func = ast.FunctionDef | ast.AsyncFunctionDef
 # One binding of a scope: the names, what they are bound from, and how
-# ("assign", "for", "with", "fill", "lambda", "def").
+# ("assign", "for", "with", "fill", "lambda", "def"; "store": an attribute).
 _Bind = tuple[list[str], ast.AST, str]
 
 
@@ -209,6 +209,8 @@ class _Module:
         self.found: dict[Span, Reach] = {}
         self.occurrences: dict[str, int] = {}
         self.nodes: dict[int, list[ast.AST]] = {}  # the nodes of a closure, walked once
+        # Attributes a function of the module stores the index or the slots in.
+        self.stored: dict[str, _Taint] = {}
         # A local name an import binds to a kernel (``import ... as k``, in
         # any scope), and ``self._spec = kernel`` anywhere in the module
         # (``x._spec(...)`` may run it): read from the text around each
@@ -280,7 +282,8 @@ class _Module:
                 return _Taint(node.attr, text, text)
             if node.attr in self.vocab.metadata:
                 return None
-            return self.reach(node.value, scope)
+            stored = self.stored.get(node.attr)
+            return stored if stored is not None else self.reach(node.value, scope)
         if isinstance(node, ast.Subscript):
             key = _str(node.slice)
             if key in fields:
@@ -474,6 +477,14 @@ class _Module:
                 if how in ("assign", "lambda") and isinstance(value, ast.expr):
                     kernel = self.kernel_of(value, scope)
                 t = None if top and how == "def" else self._bound(value, how, scope)
+                if how == "store":
+                    # ``self._slots = md.spec_state_indices_tensor``: what
+                    # another function reads back as ``self._slots``.
+                    for attr in targets:
+                        new = attr not in self.stored and attr not in self.vocab.fields
+                        if t is not None and t.level == _IS and new:
+                            self.stored[attr] = t.via(f"the attribute .{attr} = {t.shape}")
+                    continue
                 for name in targets:
                     if how in ("def", "lambda"):
                         scope.closures.add(name)
@@ -522,7 +533,11 @@ class _Module:
         scope = self._enter(node.args, outer)
         text = "\n".join(self.lines[node.lineno - 1 : node.end_lineno or node.lineno])
         skip = node.name in self.vocab.kernels  # the kernel's own wrapper
-        if skip or (not scope.taint and not any(f in text for f in self.vocab.fields)):
+        if skip or not (
+            scope.taint
+            or any(f in text for f in self.vocab.fields)
+            or any(f".{attr}" in text for attr in self.stored)
+        ):
             # Nothing here can hold the index or the slots; its nested
             # functions still count for the occurrences of their names.
             nested = text.count("def ") > 1 or "class " in text
@@ -777,9 +792,13 @@ def _collect(
         if isinstance(node, ast.Assign):
             for target, value in _pairs(node.targets, node.value):
                 how = "lambda" if isinstance(value, ast.Lambda) else "assign"
+                if isinstance(target, ast.Attribute):
+                    binds.append(([target.attr], value, "store"))
                 binds.append((_targets(target), value, _FILL_TARGET.get(type(target), how)))
         elif isinstance(node, _BINDS):
             if node.value is not None:
+                if isinstance(node.target, ast.Attribute):
+                    binds.append(([node.target.attr], node.value, "store"))
                 binds.append((_targets(node.target), node.value, "assign"))
         elif isinstance(node, _LOOPS):
             binds.append((_targets(node.target), node.iter, "for"))
@@ -825,5 +844,12 @@ def sweep(key: str, tree: ast.Module, text: str, vocab: Vocabulary) -> list[Reac
     if not any(f in text for f in vocab.fields):
         return []
     module = _Module(key, tree, text, vocab)
-    module.scope(tree.body, _Scope(), (MODULE, 0, 0), "")
+    for _ in range(3):
+        # Again when a function stored a value in an attribute that an
+        # earlier one may read (a store in a store's value: a third pass).
+        stored = len(module.stored)
+        module.found, module.occurrences = {}, {}
+        module.scope(tree.body, _Scope(), (MODULE, 0, 0), "")
+        if len(module.stored) == stored:
+            break
     return sorted(module.found.values(), key=lambda r: (r.line, r.col))
