@@ -1,6 +1,7 @@
 """Generic libcst node helpers: source text of a node, dotted names, a fast
-walk over the nodes that carry code, the names an expression reads, and how an
-``index_select`` call binds its arguments.
+walk over the nodes that carry code, the names an expression reads, how an
+``index_select`` call binds its arguments, and where a call is in the source
+(paired with the ``ast`` of the same code).
 
 Nothing here knows about vLLM or the bug; the data flow, the locator, the
 codemods and the corpus share these.

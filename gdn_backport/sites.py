@@ -6,6 +6,11 @@ tensor parameters holding every row of the step, following the helpers it
 calls (:mod:`gdn_backport.dataflow`); a candidate no walk reached is walked
 as an entry of its own, so every one is looked at. The spec calls found are
 grouped into sites by the function whose code the fix changes.
+
+Then the sweep (:mod:`gdn_backport.sweep`) is held against the walks
+(:func:`reconcile`): every call it finds handed the spec index or slots
+must be one the analysis accounted for, found by its position; the
+function of any other is an ``unknown`` site.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ functions, lambdas) it taints, with ``ast`` and to a fixpoint per scope:
   statement (assignment, augmented, walrus, ``for`` and ``with`` targets,
   tuple unpacking, comprehensions); a container filled with one
   (``kw.update(...)``, ``kw[k] = ...``, ``xs.append(...)``); a lambda or a
-  nested ``def`` that closes over one;
+  nested ``def`` that closes over one; an attribute one is stored in
+  (``self._slots = ...``), wherever the module reads it back;
 
 and reports each call that receives a tainted value at any depth of its
 arguments (``**dict(...)``, ``**{...}``, ``*(...)``, a filled kwargs dict,
@@ -34,7 +35,13 @@ rows (tainted only if what it selects from is), a metadata read
 kwargs a helper built, or a tensor it computed; a call receives it where it
 is passed on in place (``k(**make(slots))``, ``k(x=pick(slots))``) or
 unpacked (``k(**built)``), not where a local of it is an argument (the call
-that made it is reported itself).
+that made it is reported itself); a kernel's partial bound to one is run on it.
+
+The sweep is flow-insensitive: a name is tainted wherever any of its
+assignments is. Where the analysis traced such a plain name to other values
+on every path (``slots`` reassigned the non-spec slots in another branch),
+the caller takes the analysis's word: :attr:`Reach.plain` says which
+arguments those are.
 
 A kernel's own wrapper (a function named like the kernel) is the kernel:
 its body is not swept, its callers are. Nothing here knows the bug: the
