@@ -176,6 +176,37 @@ def _ast_callee(func: ast.expr) -> str:
 
 Span = tuple[int, int, int, int]  # (line, col, end line, end col), as ``ast`` counts
 
+# ``ast`` fields that never hold code: contexts, operators, names as strings.
+_AST_LEAVES = frozenset({"ctx", "op", "ops", "kind", "type_comment", "id", "arg", "attr"})
+_AST_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def ast_fields(kind: type[ast.AST]) -> tuple[str, ...]:
+    """The fields of an ``ast`` node type that may hold code."""
+    names = _AST_FIELDS.get(kind)
+    if names is None:
+        names = _AST_FIELDS[kind] = tuple(f for f in kind._fields if f not in _AST_LEAVES)
+    return names
+
+
+def ast_children(node: ast.AST) -> Iterator[ast.AST]:
+    """``ast.iter_child_nodes`` without the leaves (a third of the nodes)."""
+    for name in ast_fields(type(node)):
+        value = getattr(node, name, None)
+        if value.__class__ is list:
+            yield from (v for v in value if isinstance(v, ast.AST))
+        elif isinstance(value, ast.AST):
+            yield value
+
+
+def ast_walk(node: ast.AST) -> Iterator[ast.AST]:
+    """``ast.walk`` (depth first, not breadth first) without the leaves."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(ast_children(current))
+
 
 def span(node: ast.expr) -> Span:
     """Where ``node`` starts and ends (``f(x)(y)`` and ``f(x)`` start alike)."""
@@ -190,7 +221,7 @@ def call_positions(node: cst.CSTNode, same: ast.AST) -> dict[int, Span]:
     the module's ``ast``; a callee whose calls do not pair up one for one
     is left out (its calls have no position)."""
     by_callee: dict[str, list[Span]] = {}
-    for a in ast.walk(same):
+    for a in ast_walk(same):
         if isinstance(a, ast.Call):
             by_callee.setdefault(_ast_callee(a.func), []).append(span(a))
     mine: dict[str, list[cst.Call]] = {}
@@ -245,7 +276,11 @@ def _ast_print(call: ast.Call) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
 
 
 def call_spans(
-    calls: Sequence[cst.Call], node: cst.CSTNode, same: ast.AST, wanted: set[Span]
+    calls: Sequence[cst.Call],
+    node: cst.CSTNode,
+    same: ast.AST,
+    wanted: set[Span],
+    among: Sequence[ast.Call] | None = None,
 ) -> dict[int, Span]:
     """``id`` of each of ``calls`` (calls below ``node``) that is one of the
     ``wanted`` calls of ``same`` (the ``ast`` of the same code) -> its span.
@@ -253,8 +288,9 @@ def call_spans(
     :func:`call_positions` for a few calls, without a walk of ``node``: a
     call is paired by its print (callee, arguments' names and keywords) when
     one call of ``same`` alone has that print; where one does not, by
-    :func:`call_positions`."""
-    found = [a for a in ast.walk(same) if isinstance(a, ast.Call)]
+    :func:`call_positions`. ``among``: the calls of ``same`` any of
+    ``calls`` can be (all of them unless given)."""
+    found = among if among is not None else [a for a in ast_walk(same) if isinstance(a, ast.Call)]
     keys = {_ast_callee(a.func) for a in found if span(a) in wanted}
     prints: dict[tuple[str, tuple[str, ...], tuple[str, ...]], list[Span]] = {}
     for a in found:

@@ -15,6 +15,7 @@ function of any other is an ``unknown`` site.
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 
 from gdn_backport.analysis import (
@@ -30,7 +31,7 @@ from gdn_backport.cst_nodes import Span, call_spans
 from gdn_backport.dataflow import CallRecord, Frame
 from gdn_backport.provenance import Prov, consistent
 from gdn_backport.resolve import FunctionInfo, ModuleInfo, TreeIndex
-from gdn_backport.sweep import Argument, Reach, Vocabulary, sweep
+from gdn_backport.sweep import Argument, Reach, Vocabulary, sweep_module
 
 Key = tuple[str, str, int]  # (module key, qualname, occurrence)
 
@@ -109,13 +110,16 @@ Position = tuple[str, int, int, int, int]  # (module key, *the call's Span)
 
 
 def accounted_positions(
-    analysis: TreeAnalysis, wanted: dict[Key, set[Span]]
+    analysis: TreeAnalysis,
+    wanted: dict[Key, set[Span]],
+    among: dict[Key, list[ast.Call]] | None = None,
 ) -> tuple[dict[Position, str], dict[Position, list[CallRecord]]]:
     """Where each call the analysis accounted for is, and how
     (:func:`gdn_backport.analysis.accounted`, with ":callee" where it did
     not judge the call as a kernel's: "site:callee", "no-rows:callee"), and
     every call it saw, by position (``ast``'s, as the sweep gives them), of
-    the ``wanted`` calls (by function)."""
+    the ``wanted`` calls (by function); ``among``: every call of each such
+    function's own code (:class:`gdn_backport.sweep.Swept`), to pair with."""
     patchset = analysis.index.patchset
     frames: dict[int, tuple[Frame, list[tuple[CallRecord, str | None]]]] = {}
     for _, w in analysis.walks:
@@ -133,7 +137,8 @@ def accounted_positions(
         if fn is None:
             continue
         nodes = [record.node for record, _ in records]
-        spans = call_spans(nodes, frame.func, fn.node, wanted[frame.key])
+        mine = (among or {}).get(frame.key)
+        spans = call_spans(nodes, frame.func, fn.node, wanted[frame.key], mine)
         for record, how in records:
             where = spans.get(id(record.node))
             if where is None:
@@ -156,13 +161,18 @@ def reconcile(analysis: TreeAnalysis, modules: list[ModuleInfo]) -> None:
     accounted for; each other call makes its function an ``unknown`` site
     with a reason a user can act on (the worst status: ``apply`` refuses)."""
     vocab = Vocabulary.of(analysis.index.patchset)
-    found = [r for m in modules for r in sweep(m.key, m.tree, m.text, vocab)]
+    found: list[Reach] = []
+    among: dict[Key, list[ast.Call]] = {}
+    for m in modules:
+        swept = sweep_module(m.key, m.tree, m.text, vocab)
+        found += swept.reaches
+        among.update(swept.calls)
     if not found:
         return
     wanted: dict[Key, set[Span]] = {}
     for r in found:
         wanted.setdefault(r.key, set()).add(r.position[1:])
-    done, seen = accounted_positions(analysis, wanted)
+    done, seen = accounted_positions(analysis, wanted, among)
     missed: dict[Key, list[tuple[Reach, str]]] = {}
     for r in found:
         how = done.get(r.position, "unknown")

@@ -56,7 +56,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from gdn_backport.cst_nodes import Span, span
+from gdn_backport.cst_nodes import Span, ast_children, ast_fields, ast_walk, span
 from gdn_backport.patchset import Patchset
 
 MODULE = "<module>"
@@ -218,6 +218,8 @@ class _Module:
         self.nodes: dict[int, list[ast.AST]] = {}  # the nodes of a closure, walked once
         # Attributes a function of the module stores the index or the slots in.
         self.stored: dict[str, _Taint] = {}
+        # The calls of each function swept (its lambdas' too), by (qualname, occurrence).
+        self.calls: dict[tuple[str, int], list[ast.Call]] = {}
         # A local name an import binds to a kernel (``import ... as k``, in
         # any scope), and ``self._spec = kernel`` anywhere in the module
         # (``x._spec(...)`` may run it): read from the text around each
@@ -265,7 +267,7 @@ class _Module:
             # ``lambda *a, **kw: kernel(*a, **kw)``: a lambda that calls a
             # kernel is that kernel, to whoever calls the lambda.
             inner = scope.inner(_params(node.args))
-            calls = (n for n in ast.walk(node.body) if isinstance(n, ast.Call))
+            calls = (n for n in ast_walk(node.body) if isinstance(n, ast.Call))
             return next((k for c in calls if (k := self.kernel_of(c.func, inner))), None)
         if isinstance(node, ast.Subscript | ast.NamedExpr | ast.Starred):
             return self.kernel_of(node.value, scope)
@@ -327,7 +329,7 @@ class _Module:
             return None if t is None else t.via(f"*{t.shape}", direct=False)
         if isinstance(node, ast.IfExp):
             return self.reach(node.body, scope) or self.reach(node.orelse, scope)
-        for child in ast.iter_child_nodes(node):
+        for child in ast_children(node):
             if isinstance(child, ast.comprehension):
                 child = child.iter
             if isinstance(child, ast.expr):
@@ -417,7 +419,7 @@ class _Module:
         of its own parameters and locals is swept in its own scope)."""
         nodes = self.nodes.get(id(node))
         if nodes is None:
-            nodes = self.nodes[id(node)] = list(ast.walk(node))
+            nodes = self.nodes[id(node)] = list(ast_walk(node))
         own = set(_params(node.args))
         own |= {n.id for n in nodes if isinstance(n, ast.Name) and _stores(n)}
         for n in nodes:
@@ -457,6 +459,7 @@ class _Module:
         if cls:
             # What a class body binds to a kernel, its methods reach as ``self.NAME``.
             self.attrs.update({k: v for k, v in scope.kernels.items() if k not in inherited})
+        self.calls.setdefault(owner[:2], []).extend(calls)
         for call in calls:
             self._judge(call, scope, owner)
         for node in nested:
@@ -521,7 +524,7 @@ class _Module:
         if isinstance(node, _Func):
             nodes = self.nodes.get(id(node))
             if nodes is None:
-                nodes = self.nodes[id(node)] = list(ast.walk(node))
+                nodes = self.nodes[id(node)] = list(ast_walk(node))
             return {n.id for n in nodes if isinstance(n, ast.Name)}
         out = set()
         stack = [node]
@@ -530,7 +533,7 @@ class _Module:
             if isinstance(n, ast.Name):
                 out.add(n.id)
             else:
-                stack.extend(_children(n))
+                stack.extend(ast_children(n))
         return out
 
     def _function(self, node: _Func, outer: _Scope, prefix: str) -> None:
@@ -726,25 +729,6 @@ def _targets(node: ast.expr) -> list[str]:
     return []
 
 
-# Fields that never hold code: contexts, operators, names as strings.
-_LEAF_FIELDS = frozenset({"ctx", "op", "ops", "kind", "type_comment", "id", "arg", "attr"})
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _children(node: ast.AST) -> Iterator[ast.AST]:
-    """``ast.iter_child_nodes`` without the leaves (a third of the nodes)."""
-    kind = type(node)
-    names = _FIELDS.get(kind)
-    if names is None:
-        names = _FIELDS[kind] = tuple(f for f in kind._fields if f not in _LEAF_FIELDS)
-    for name in names:
-        value = getattr(node, name, None)
-        if isinstance(value, list):
-            yield from (v for v in value if isinstance(v, ast.AST))
-        elif isinstance(value, ast.AST):
-            yield value
-
-
 _BINDS = (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)
 # ``kw["x"] = v`` fills kw.
 _FILL_TARGET: dict[type, str] = {ast.Subscript: "fill"}
@@ -766,16 +750,12 @@ def _collect(
     """One pass over a scope's code: its bindings, its calls, its nested scopes
     in source order (whose bodies are not entered: what runs here of them is)."""
     stack: list[ast.AST] = list(body)
-    fields = _FIELDS
     while stack:
         node = stack.pop()
         kind = type(node)
         if kind not in _NOTED:
-            # ``_children``, inlined: most nodes pass here.
-            code = fields.get(kind)
-            if code is None:
-                code = fields[kind] = tuple(f for f in kind._fields if f not in _LEAF_FIELDS)
-            for name in code:
+            # ``ast_children``, inlined: most nodes pass here.
+            for name in ast_fields(kind):
                 value = getattr(node, name, None)
                 if value.__class__ is list:
                     stack.extend(v for v in value if isinstance(v, ast.AST))
@@ -819,7 +799,7 @@ def _collect(
                 names = _targets(func.value)
                 values = [*node.args, *(k.value for k in node.keywords)]
                 binds.extend((names, v, "fill") for v in values)
-        stack.extend(_children(node))
+        stack.extend(ast_children(node))
     nested.sort(key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
 
 
@@ -845,18 +825,37 @@ def _pairs_each(
         yield from _pairs([target], value)
 
 
-def sweep(key: str, tree: ast.Module, text: str, vocab: Vocabulary) -> list[Reach]:
-    """Every call of a module (``key``: its tree-relative path) that receives
+@dataclass
+class Swept:
+    """A module swept: the calls found, and every call of the functions
+    they are in (the code of each such function, lambdas included, not its
+    nested functions), by the function's key."""
+
+    reaches: list[Reach] = field(default_factory=list)
+    calls: dict[tuple[str, str, int], list[ast.Call]] = field(default_factory=dict)
+
+
+def sweep_module(key: str, tree: ast.Module, text: str, vocab: Vocabulary) -> Swept:
+    """The calls of a module (``key``: its tree-relative path) that receive
     the spec token index or state slots, in source order."""
     if not any(f in text for f in vocab.fields):
-        return []
+        return Swept()
     module = _Module(key, tree, text, vocab)
     for _ in range(3):
         # Again when a function stored a value in an attribute that an
         # earlier one may read (a store in a store's value: a third pass).
         stored = len(module.stored)
-        module.found, module.occurrences = {}, {}
+        module.found, module.occurrences, module.calls = {}, {}, {}
         module.scope(tree.body, _Scope(), (MODULE, 0, 0), "")
         if len(module.stored) == stored:
             break
-    return sorted(module.found.values(), key=lambda r: (r.line, r.col))
+    reaches = sorted(module.found.values(), key=lambda r: (r.line, r.col))
+    keys = {r.key for r in reaches}
+    calls = {(key, *k): c for k, c in module.calls.items() if (key, *k) in keys}
+    return Swept(reaches, calls)
+
+
+def sweep(key: str, tree: ast.Module, text: str, vocab: Vocabulary) -> list[Reach]:
+    """Every call of a module (``key``: its tree-relative path) that receives
+    the spec token index or state slots, in source order."""
+    return sweep_module(key, tree, text, vocab).reaches
