@@ -121,13 +121,15 @@ def accounted_positions(
     the ``wanted`` calls (by function); ``among``: every call of each such
     function's own code (:class:`gdn_backport.sweep.Swept`), to pair with."""
     patchset = analysis.index.patchset
-    frames: dict[int, tuple[Frame, list[tuple[CallRecord, str | None]]]] = {}
+    # By function and node: two modules with a function of the same text
+    # (vendor copies) share its parse, so the node alone names neither.
+    frames: dict[tuple[Key, int], tuple[Frame, list[tuple[CallRecord, str | None]]]] = {}
     for _, w in analysis.walks:
         fates = {id(record): how for record, how in accounted(w, patchset)}
         for record in w.flow.calls:
             frame = w.flow.frames[record.frame]
             if frame.key in wanted:
-                entry = frames.setdefault(id(frame.func), (frame, []))
+                entry = frames.setdefault((frame.key, id(frame.func)), (frame, []))
                 entry[1].append((record, fates.get(id(record))))
     done: dict[Position, str] = {}
     seen: dict[Position, list[CallRecord]] = {}

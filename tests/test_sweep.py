@@ -661,3 +661,38 @@ def _cli(*argv: str) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(list(argv))
     return code, out.getvalue(), err.getvalue()
+
+
+def test_the_sweep_lists_are_checked_on_load() -> None:
+    from gdn_backport.errors import UsageError
+    from gdn_backport.patchset import _sweep
+
+    assert _sweep({}, "p.toml").plumbing == frozenset()
+    assert "to" in load().sweep.plumbing and "index_select" in load().sweep.row_selection
+    with pytest.raises(UsageError, match=r"p.toml: sweep: unknown key 'ignore'"):
+        _sweep({"sweep": {"ignore": ["x"]}}, "p.toml")
+    with pytest.raises(UsageError, match=r"p.toml: sweep: key 'metadata' must list identifiers"):
+        _sweep({"sweep": {"metadata": ["a.b"]}}, "p.toml")
+
+
+def test_two_copies_of_one_function_are_each_reconciled(tmp_path: Path) -> None:
+    # Vendor copies (amd/, nvidia/) share the parse of a function of the
+    # same text: each copy's calls are placed in its own module.
+    helper = textwrap.dedent("""\
+        import torch
+
+
+        class Layer:
+            def _forward(self, x, md):
+                slots = md.spec_state_indices_tensor
+                valid = slots >= 0
+                return torch.where(valid, slots, torch.zeros_like(slots))
+    """)
+    root = tree(tmp_path, {"vllm/amd/layer.py": helper, "vllm/nvidia/layer.py": helper})
+    result = scan_tree_full(root)
+    assert result.sites == []
+    assert {how for _, how in result.analysis.swept} == {"benign"}
+    assert {r.module for r, _ in result.analysis.swept} == {
+        "vllm/amd/layer.py",
+        "vllm/nvidia/layer.py",
+    }
