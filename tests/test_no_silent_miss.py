@@ -560,7 +560,7 @@ call_shapes = st.builds(
 
 @pytest.mark.network
 @settings(
-    max_examples=150,
+    max_examples=120,
     derandomize=True,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
