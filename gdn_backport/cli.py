@@ -335,14 +335,18 @@ def _where(site: Site) -> str:
     return f"{at} -> {site.target}" if site.target else at
 
 
-def _print_sites(root: Path, sites: Sequence[Site], several: bool = False) -> None:
+def _print_sites(
+    root: Path, sites: Sequence[Site], several: bool = False, notes: Sequence[str] = ()
+) -> None:
+    """``notes``: what the patchsets looked at and accounted for (printed
+    when no site was found: why "nothing" is an answer)."""
     from gdn_backport import vllm_version
     from gdn_backport.report import table
 
     print(f"tree: {root}")
     print(vllm_version.line(vllm_version.detect(root)))
     if not sites:
-        print("no GDN spec path, metadata builder or runner route found")
+        print("no GDN spec path, metadata builder or runner route found" + "".join(notes))
         return
     chains = any(s.via for s in sites)
     rows: list[tuple[str, ...]] = [
@@ -413,7 +417,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
         }
         print(json.dumps(doc, indent=2))
     else:
-        _print_sites(root, sites, len(chosen) > 1)
+        _print_sites(root, sites, len(chosen) > 1, tree.notes)
     _warn(_leftovers_warning(root, left))
     bad = {s.status.value for s in sites}
     return 2 if "unknown" in bad else 1 if "affected" in bad else 0

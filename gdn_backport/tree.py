@@ -88,6 +88,9 @@ class Tree:
     within: str | None = None
     # Texts an earlier patchset of this run rewrote: later ones read these.
     overlay: dict[Path, str] = field(default_factory=dict)
+    # What a patchset's scan looked at and accounted for without finding a
+    # site (human output only: "no site found, though these calls ...").
+    notes: list[str] = field(default_factory=list)
     _walk: files.Walk | None = field(default=None, repr=False)
     _data: dict[Path, bytes] = field(default_factory=dict, repr=False)
     _texts: dict[Path, str] = field(default_factory=dict, repr=False)

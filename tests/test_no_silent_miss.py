@@ -11,6 +11,11 @@
    with a call handed the spec state slots (read syntactically with ``ast``)
    that is not a PyTorch op must show up in scan's output, as a site or on a
    site's chain; "no GDN spec path found" only where no such call exists.
+3. The sweep (issue 24): the spec call of each affected release, rewritten
+   into shapes no analysis follows (``**dict(...)`` inline, partials over
+   aliases inside lambdas, dispatch tables, filled kwargs, ... combined and
+   nested), never leaves the release clean: ``scan`` and ``apply --check``
+   exit 1 (affected) or 2 (unknown), never 0.
 """
 
 from __future__ import annotations
@@ -21,16 +26,19 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import libcst as cst
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gdn_backport import sources
 from gdn_backport.cli import main
+from gdn_backport.cst_nodes import code
 from gdn_backport.patchsets.pr51812.config import load
 from gdn_backport.patchsets.pr51812.dataflow import MAX_DEPTH
 from gdn_backport.patchsets.pr51812.scan import analyse_tree
 from tests import corpus
+from tests.corpus.variants import Subject
 
 KERNEL = "fused_sigmoid_gating_delta_rule_update"
 
@@ -354,3 +362,223 @@ def test_every_slot_consumer_of_a_corpus_variant_is_reported(
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(content)
     assert _missed(root) == []
+
+
+# -- the sweep: the spec call in shapes no analysis follows (issue 24) -------------------------
+
+# One affected release per GDN module path (0.18.1, 0.21.0, 0.27.1).
+SHAPED = [lay.version for lay in corpus.LAYOUTS]
+
+
+@functools.cache
+def _spec_call(version: str) -> tuple[str, tuple[tuple[str, str], ...], str]:
+    """The release's GDN module, its spec call's keyword arguments (each
+    value on one line, its comments dropped) and the kernel's module."""
+    lay = corpus.layout(version)
+    text = (_release_root(version) / lay.path).read_text(encoding="utf-8")
+    subject = Subject(text, lay.cls, lay)
+    kwargs = []
+    for arg in subject.spec_call().args:
+        assert arg.keyword is not None and not arg.star, "every release passes keywords"
+        value = ast.unparse(ast.parse(code(arg.value).strip(), mode="eval"))
+        kwargs.append((arg.keyword.value, value))
+    return text, tuple(kwargs), subject.kernel_module()
+
+
+def reshaped(version: str, prelude: str, expr: str) -> str:
+    """The release's GDN module, its spec call replaced by ``expr`` and
+    ``prelude`` (statements) put before the statement that holds it."""
+    lay = corpus.layout(version)
+    subject = Subject(_spec_call(version)[0], lay.cls, lay)
+    call = subject.spec_call()
+    if prelude:
+        subject.insert_before(subject.statement_of(call), prelude)
+    subject.set_call(call, cst.parse_expression(expr))
+    return subject.module.code
+
+
+@functools.cache
+def _shaped_root(base: str, version: str) -> Path:
+    root = Path(base) / f"shaped-{version}"
+    (root / corpus.layout(version).path).parent.mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text("")
+    return root
+
+
+def shaped_tree(factory: pytest.TempPathFactory, version: str, text: str) -> Path:
+    """The one temporary tree of ``version`` (its GDN module alone), holding ``text``."""
+    root = _shaped_root(str(factory.getbasetemp()), version)
+    (root / corpus.layout(version).path).write_text(text, encoding="utf-8")
+    return root
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("version", SHAPED)
+def test_the_inline_dict_shape_of_each_affected_release_is_unknown(
+    tmp_path_factory: pytest.TempPathFactory, version: str
+) -> None:
+    # Before the sweep: "no GDN spec path, metadata builder or runner route
+    # found" and exit 0 on each of them: a silent miss.
+    lay = corpus.layout(version)
+    inline = ", ".join(f"{k}={v}" for k, v in _spec_call(version)[1])
+    text = reshaped(version, "", f"{KERNEL}(**dict({inline}))")
+    root = shaped_tree(tmp_path_factory, version, text)
+    code_, out = _cli("scan", str(root), "--patchset", "pr51812", "--json")
+    found = [s for s in json.loads(out)["sites"] if s["function"] == f"{lay.cls}._forward_core"]
+    assert len(found) == 1, (code_, found or "no site at all: the spec call is missed silently")
+    site = found[0]
+    assert (code_, site["status"]) == (2, "unknown"), site
+    assert "through **dict(ssm_state_indices=spec_state_indices_tensor)" in site["reason"]
+    assert "no GDN spec path" not in _cli("scan", str(root), "--patchset", "pr51812")[1]
+    assert _cli("apply", "--check", str(root), "--patchset", "pr51812")[0] == 2
+    assert _cli("apply", str(root), "--patchset", "pr51812")[0] == 2
+    assert (root / lay.path).read_text(encoding="utf-8") == text
+    assert not (root / ".gdn-backport" / "manifest.json").exists()
+
+
+@dataclass(frozen=True)
+class CallShape:
+    """The spec call rewritten: how its callee is named (innermost first),
+    how its arguments are packed (outermost first), what wraps the call."""
+
+    callee: tuple[str, ...]
+    packing: tuple[str, ...]
+    call: str  # "plain" | "partial" | "lambda_in_place"
+    wrappers: tuple[str, ...]  # "lambda" | "def", innermost first
+
+    def render(self, kwargs: tuple[tuple[str, str], ...], module: str) -> tuple[str, str]:
+        """(the statements before the call, the expression of the call)."""
+        prelude: list[str] = []
+        n = iter(range(1000))
+
+        def fresh(stem: str) -> str:
+            return f"_gdn_{stem}{next(n)}"
+
+        callee = KERNEL
+        for form in self.callee:
+            name = fresh(form)
+            if form == "alias":
+                prelude.append(f"{name} = {callee}")
+                callee = name
+            elif form == "module" and callee == KERNEL:
+                prelude.append(f"import {module} as {name}")
+                callee = f"{name}.{KERNEL}"
+            elif form == "getattr" and callee == KERNEL:
+                prelude.append(f"import {module} as {name}")
+                callee = f'getattr({name}, "{KERNEL}")'
+            elif form == "import_alias" and callee == KERNEL:
+                prelude.append(f"from {module} import {KERNEL} as {name}")
+                callee = name
+            elif form == "table":
+                prelude.append(f'{name} = {{"spec": {callee}, "decode": None}}')
+                callee = f'{name}["spec"]'
+            elif form == "conditional":
+                callee = f"({callee} if spec_token_indx is not None else {callee})"
+            elif form == "lambda":
+                prelude.append(f"{name} = lambda: {callee}")
+                callee = f"{name}()"
+
+        def mapping(items: list[tuple[str, str]], packing: tuple[str, ...]) -> str:
+            pairs = ", ".join(f'"{k}": {v}' for k, v in items)
+            if not packing or not items:
+                return "{" + pairs + "}"
+            head, rest = packing[0], packing[1:]
+            if head in ("dict", "star"):  # no positions in a mapping
+                return f"dict({arguments(items, rest)})"
+            if head == "display":
+                return "{**" + mapping(items, rest) + "}"
+            if head == "local":
+                name = fresh("kw")
+                prelude.append(f"{name} = {mapping(items, rest)}")
+                return name
+            if head == "filled":
+                name = fresh("kw")
+                half = len(items) // 2
+                prelude.append(f"{name} = {mapping(items[:half], rest)}")
+                prelude.append(f"{name}.update({arguments(items[half:-1], ())})")
+                prelude.append(f'{name}["{items[-1][0]}"] = {items[-1][1]}')
+                return name
+            if head == "merged":
+                half = len(items) // 2
+                return f"dict({mapping(items[:half], rest)}, **{mapping(items[half:], rest)})"
+            assert head == "helper"
+            return f"dict(**self._gdn_pack({arguments(items, rest)}))"
+
+        def arguments(items: list[tuple[str, str]], packing: tuple[str, ...]) -> str:
+            if not items:
+                return ""
+            if not packing:
+                return ", ".join(f"{k}={v}" for k, v in items)
+            if packing[0] == "star":
+                rest = tuple(p for p in packing[1:] if p != "star")
+                if len(items) <= 7:
+                    return arguments(items, rest)
+                # The leading parameters by position, packed into a tuple.
+                lead = ", ".join(v for _, v in items[:7])
+                more = arguments(items[7:], rest)
+                return f"*({lead},)" + (f", {more}" if more else "")
+            return "**" + mapping(items, packing)
+
+        items = list(kwargs)
+        if self.call == "partial":
+            bound = [kv for kv in items if kv[0] in ("ssm_state_indices", "num_accepted_tokens")]
+            rest = [kv for kv in items if kv not in bound]
+            prelude.append("import functools")
+            name = fresh("partial")
+            packing = tuple(p for p in self.packing if p != "star")
+            prelude.append(f"{name} = functools.partial({callee}, {arguments(bound, packing)})")
+            expr = f"{name}({arguments(rest, self.packing)})"
+        elif self.call == "lambda_in_place":
+            expr = f"(lambda *_a, **_kw: {callee}(*_a, **_kw))({arguments(items, self.packing)})"
+        else:
+            expr = f"{callee}({arguments(items, self.packing)})"
+        for wrapper in self.wrappers:
+            name = fresh(wrapper)
+            if wrapper == "lambda":
+                prelude.append(f"{name} = lambda: {expr}")
+            else:
+                prelude.append(f"def {name}():\n    return {expr}")
+            expr = f"{name}()"
+        return "\n".join(prelude) + ("\n" if prelude else ""), expr
+
+
+call_shapes = st.builds(
+    CallShape,
+    callee=st.lists(
+        st.sampled_from(["alias", "module", "getattr", "import_alias", "table", "conditional",
+                         "lambda"]),
+        max_size=3,
+    ).map(tuple),
+    packing=st.lists(
+        st.sampled_from(["dict", "display", "local", "filled", "merged", "helper", "star"]),
+        max_size=3,
+    ).map(tuple),
+    call=st.sampled_from(["plain", "partial", "lambda_in_place"]),
+    wrappers=st.lists(st.sampled_from(["lambda", "def"]), max_size=2).map(tuple),
+)  # fmt: skip
+
+
+@pytest.mark.network
+@settings(
+    max_examples=120,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(version=st.sampled_from(SHAPED), shape=call_shapes)
+def test_no_shape_of_the_spec_call_passes_an_affected_release(
+    tmp_path_factory: pytest.TempPathFactory, version: str, shape: CallShape
+) -> None:
+    """Whatever shape the spec call takes, the affected release never comes
+    out clean: affected (1) where the analysis follows the shape, unknown (2)
+    where it does not; never 0."""
+    _, kwargs, module = _spec_call(version)
+    prelude, expr = shape.render(kwargs, module)
+    text = reshaped(version, prelude, expr)
+    compile(text, "shape", "exec")
+    root = shaped_tree(tmp_path_factory, version, text)
+    scan = _cli("scan", str(root), "--patchset", "pr51812")
+    check = _cli("apply", "--check", str(root), "--patchset", "pr51812")
+    assert scan[0] in (1, 2) and check[0] in (1, 2), (shape, prelude, expr, scan[1])
+    if shape == CallShape((), (), "plain", ()):
+        assert scan[0] == check[0] == 1  # the release as it is: affected

@@ -457,6 +457,25 @@ def classify(flow: Flow, patchset: Patchset) -> Walk:
     return Walk(flow, calls, ledger)
 
 
+def accounted(walk: Walk, patchset: Patchset) -> list[tuple[CallRecord, str]]:
+    """Every call of a walk the analysis accounted for, and how: its ledger
+    (the calls handed the spec state slots), and of the other calls those it
+    followed into ("followed") or judged benign ("benign": a call handed only
+    the spec index is a PyTorch op, a builtin, a record built, ...). A call
+    the walk saw but that is not here was not judged: the sweep
+    (:mod:`.sweep`) holds the analysis to that."""
+    out = list(walk.ledger)
+    ledgered = {id(record) for record, _ in walk.ledger}
+    for record in walk.flow.calls:
+        if id(record) in ledgered:
+            continue
+        if record.entered is not None:
+            out.append((record, "followed"))
+        elif patchset.kernel_for(record.callee) is None and _benign(record, patchset):
+            out.append((record, "benign"))
+    return out
+
+
 def walk_entry(
     func: cst.FunctionDef,
     patchset: Patchset,

@@ -64,6 +64,18 @@ class Fields:
 
 
 @dataclass(frozen=True)
+class SweepNames:
+    """What the sweep (:mod:`.sweep`) leaves out of the calls
+    handed the spec index or slots, by callee name (``[sweep]``): calls that
+    select rows (their result: rows), that move or view a value (their
+    result: that value), that read a shape or a flag (their result: none)."""
+
+    row_selection: frozenset[str] = frozenset()
+    plumbing: frozenset[str] = frozenset()
+    metadata: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class Patchset:
     id: str
     upstream: str
@@ -78,6 +90,7 @@ class Patchset:
     # ``x`` itself for ``index=None``, by dotted name: the guarded kernel
     # call site's ``gather_token_rows``.
     row_gathers: frozenset[str] = frozenset()
+    sweep: SweepNames = SweepNames()
 
     def kernel_for(self, callee: str | None) -> KernelSpec | None:
         """The kernel a call of ``callee`` is, if any."""
@@ -197,6 +210,7 @@ def parse(data: dict[str, Any], where: str) -> Patchset:
         benign=frozenset(_names(_get(data, "benign", dict, where), "names", where)),
         kernels=kernels,
         row_gathers=_row_gathers(data, where),
+        sweep=_sweep(data, where),
     )
 
 
@@ -212,6 +226,20 @@ def _row_gathers(data: dict[str, Any], where: str) -> frozenset[str]:
     if _names(table, "params", f"{where}: row_gather") != ("x", "index"):
         raise UsageError(f'{where}: row_gather: params must be ["x", "index"]')
     return frozenset(names)
+
+
+def _sweep(data: dict[str, Any], where: str) -> SweepNames:
+    table = data.get("sweep")
+    if table is None:
+        return SweepNames()
+    if not isinstance(table, dict):
+        raise UsageError(f"{where}: key 'sweep' must be a table")
+    keys = ("row_selection", "plumbing", "metadata")
+    unknown = sorted(set(table) - set(keys))
+    if unknown:
+        raise UsageError(f"{where}: sweep: unknown key '{unknown[0]}'")
+    lists = {k: frozenset(_names(table, k, f"{where}: sweep")) for k in keys if k in table}
+    return SweepNames(**lists)
 
 
 @cache

@@ -20,7 +20,17 @@ class Pr51812(Patchset):
         from .plan import config_for
         from .scan import scan_tree_full
 
-        return scan_tree_full(tree.path, config_for(tree), tree.root, tree.overlay or None).sites
+        result = scan_tree_full(tree.path, config_for(tree), tree.root, tree.overlay or None)
+        swept = result.analysis.swept
+        if swept and not result.sites:
+            # The sweep found calls handed the spec index or slots, and the
+            # analysis accounted for each: say which, so "nothing" is an answer.
+            calls = ", ".join(f"{r.callee} ({r.module}:{r.line}, {how})" for r, how in swept)
+            tree.notes.append(
+                f"; {len(swept)} call(s) handed the spec token index or state slots, each "
+                f"accounted for: {calls}"
+            )
+        return result.sites
 
     def plan(self, tree: Tree, strategy: str, mode: Mode) -> Plan:
         from .plan import plan
