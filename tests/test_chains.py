@@ -298,7 +298,10 @@ def test_an_undeclared_fork_kernel_is_unknown_with_a_declaration_to_paste(
     assert run(capsys, "apply", str(root))[0] == 0
     text = (root / "vllm/gdn.py").read_text()
     assert "torch.ops.myfork.gdn_spec(q, k, v, a_spec, b_spec, slots" in text
-    assert only(scan_json(capsys, root), "Layer._forward_core")["status"] == "not_affected"
+    # A raw-gate kernel, as the suggestion declares it (fix_target = true):
+    # its site is fixed once the gates are gathered (D21: it read not_affected).
+    assert "fix_target = true" in snippet
+    assert only(scan_json(capsys, root), "Layer._forward_core")["status"] == "fixed"
 
 
 DECLARATION = """\

@@ -315,6 +315,7 @@ def declaration(record: CallRecord) -> str:
     taken: set[str] = set()
     params, rows, gates = [], [], []
     state = accepted = ""
+    raw = False
     for i, (keyword, arg, vals) in enumerate(record.args):
         label = _label(i, keyword, arg, taken)
         params.append(label)
@@ -327,6 +328,9 @@ def declaration(record: CallRecord) -> str:
             rows.append(label)
         elif Prov.ALL in provs or Prov.CONFLICT in provs:
             gates.append(label)
+            # A gate handed every row beside gathered q/k/v: the kernel takes
+            # raw gates, the kind upstream's fix is about (fixed once gathered).
+            raw = raw or Prov.ALL in provs
 
     def names(xs: list[str]) -> str:
         return "[" + ", ".join(f'"{x}"' for x in xs) + "]"
@@ -334,7 +338,8 @@ def declaration(record: CallRecord) -> str:
     accepted_part = f', accepted = "{accepted}"' if accepted else ""
     return (
         f'kernel = [{{name = "{name}", params = {names(params)}, rows = {names(rows)}, '
-        f'gates = {names(gates)}, state_indices = "{state}"{accepted_part}, fix_target = false}}]'
+        f'gates = {names(gates)}, state_indices = "{state}"{accepted_part}, '
+        f"fix_target = {'true' if raw and rows else 'false'}}}]"
     )
 
 
