@@ -92,3 +92,26 @@ def test_a_refused_release_apply_leaves_no_copy_behind(
     empty.mkdir()
     code, _, _ = run(capsys, "apply", "--release", "0.18.1", "--workdir", str(empty))
     assert code == 2 and empty.is_dir() and list(empty.iterdir()) == []
+
+
+@pytest.mark.network
+def test_revert_reports_every_patchset_s_sites(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """D11: revert printed "restored 4 file(s)" with one table row (only one
+    patchset's sites), and `revert --patchset pr51565` showed none."""
+    from gdn_backport import sources
+
+    root = sources.copy_release("0.25.1", tmp_path / "tree")
+    assert run(capsys, "apply", str(root))[0] == 0
+    code, out, _ = run(capsys, "revert", "--json", str(root))
+    doc = json.loads(out)
+    assert code == 0 and len(doc["written"]) == 4
+    rows = {(s["patchset"], s["path"]) for s in doc["sites"]}
+    assert {p for p, _ in rows} == {"pr51812", "pr51565"}
+    assert {path for _, path in rows} >= set(doc["written"])
+    assert run(capsys, "apply", "--patchset", "pr51565", str(root))[0] == 0
+    code, out, _ = run(capsys, "revert", "--patchset", "pr51565", "--json", str(root))
+    doc = json.loads(out)
+    assert code == 0 and len(doc["written"]) == 3
+    assert {s["patchset"] for s in doc["sites"]} == {"pr51565"} and len(doc["sites"]) == 3
