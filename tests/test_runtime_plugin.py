@@ -350,6 +350,8 @@ def test_pr51565_sites_are_reported_not_patched(
     assert [line.split(" for vLLM #51565")[0] for line in found] == [
         f"gdn-backport: {e}" for e in errors
     ]
+    # D5: the hint works for a read-only image too (patch where it is built).
+    assert all("read-only image: apply it where the image is built" in line for line in found)
     assert all("apply --installed --patchset pr51565" in line for line in found)
     # Reported, not patched: the class's build is the file's own.
     build = importlib.import_module("vllm.v1.builder").Builder.build
