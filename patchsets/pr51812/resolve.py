@@ -73,7 +73,7 @@ class FunctionInfo:
 
     def object_params(self) -> set[str]:
         """Parameters that are not tensors, read from ``ast`` (the rule of
-        ``dataflow._object_params``): ``self``/``cls``, those annotated with
+        ``dataflow.object_params``): ``self``/``cls``, those annotated with
         something other than a Tensor, those used with a non-tensor attribute."""
         return set(_memo(self.node, "objects", self._object_params))
 

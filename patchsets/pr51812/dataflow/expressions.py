@@ -1,0 +1,355 @@
+"""Expressions: the row provenance of names, attributes, subscripts, calls
+(row gathers among them), lambdas and comprehensions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import libcst as cst
+
+from gdn_backport.cst_nodes import dotted, index_select_parts, names_in
+
+from ..provenance import (
+    GATHERED,
+    INVERT,
+    NO_ASSUME,
+    NONE_VAL,
+    NULL_VAL,
+    Prov,
+    Val,
+    consistent,
+    join,
+)
+from .model import META, NEVER, TENSOR_ATTRS, CallRecord, Env, Vals
+from .state import WalkerState
+
+
+class Expressions(WalkerState):
+    """The values (row provenance) of an expression, recording every call."""
+
+    def ev(self, node: cst.BaseExpression, env: Env) -> Vals:
+        if isinstance(node, cst.Name):
+            if node.value == "None":
+                return frozenset({NULL_VAL})
+            return env.get(node.value, frozenset({NONE_VAL}))
+        if isinstance(node, cst.Attribute):
+            return self._attribute(node, env)
+        if isinstance(node, cst.Subscript):
+            return self._subscript(node, env)
+        if isinstance(node, cst.Call):
+            return self._call(node, env)
+        if isinstance(node, cst.UnaryOperation):
+            vals = self.ev(node.expression, env)
+            if isinstance(node.operator, cst.BitInvert):
+                return frozenset(Val(v.assume, INVERT.get(v.prov, v.prov), v.defs) for v in vals)
+            return vals
+        if isinstance(node, cst.IfExp):
+            self.ev(node.test, env)
+            out: set[Val] = set()
+            for truth, arm in ((True, node.body), (False, node.orelse)):
+                cond = self._atoms(node.test, truth, env)
+                if cond is NEVER or consistent(self.path, cond) is None:
+                    continue
+                narrowed = dict(env)
+                if self._narrow(node.test, truth, narrowed) is None:
+                    continue
+                for v in self.ev(arm, narrowed):
+                    a = consistent(v.assume, cond)
+                    if a is not None:
+                        out.add(Val(a, v.prov, v.defs))
+            return self._cap(out) if out else frozenset({NONE_VAL})
+        if isinstance(node, cst.Lambda):
+            # Handed on (a callback, a graph capture): what its body calls is
+            # judged here, with parameters whose rows nobody knows.
+            self._inline_lambda(node, env)
+            return frozenset({NONE_VAL})
+        if isinstance(node, (cst.BaseString, cst.Integer, cst.Float)):
+            return frozenset({NONE_VAL})
+        if isinstance(node, (cst.GeneratorExp, cst.ListComp, cst.SetComp)):
+            return self._comprehension(node, node.elt, env)
+        if isinstance(node, cst.DictComp):
+            return self._comprehension(node, node.value, env)
+        if isinstance(node, cst.NamedExpr):
+            vals = self.ev(node.value, env)
+            if isinstance(node.target, cst.Name):
+                self._assign_vals(env, node.target.value, node.value, vals)
+            return vals
+        return self._combine([self.ev(c, env) for c in sub_exprs(node)], join)
+
+    def _inline_lambda(
+        self,
+        lam: cst.Lambda,
+        env: Env,
+        args: Sequence[tuple[str | None, cst.Arg, Vals]] | None = None,
+    ) -> Vals:
+        """Evaluate ``lam``'s body where it is called, its parameters bound to
+        the call's arguments (free names read as they are here, as Python's
+        closures do); ``*rest``/``**rest`` hold what no named parameter took.
+        Without a call, or with one that cannot be bound, the parameters hold
+        rows of unknown selection: never "all rows"."""
+        unknown = frozenset({Val(NO_ASSUME, Prov.CONFLICT)})
+        if id(lam) in self._inlining:
+            return unknown
+        params = lam.params
+        positional = [p.name.value for p in (*params.posonly_params, *params.params)]
+        named = {*positional, *(p.name.value for p in params.kwonly_params)}
+        bound: dict[str, Vals] = {}
+        extra_pos: set[Val] = set()
+        extra_kw: set[Val] = set()
+        ok = args is not None
+        index = 0
+        for keyword, arg, vals in args or ():
+            if arg.star:
+                # ``f(*xs)``/``f(**kw)``: which parameter gets what is unknown.
+                (extra_pos if arg.star == "*" else extra_kw).update(vals)
+                ok = ok and isinstance(params.star_arg if arg.star == "*" else params.star_kwarg,
+                                       cst.Param)  # fmt: skip
+            elif keyword is None:
+                if index < len(positional):
+                    bound[positional[index]] = vals
+                    index += 1
+                else:
+                    extra_pos.update(vals)
+                    ok = ok and isinstance(params.star_arg, cst.Param)
+            elif keyword in named:
+                bound[keyword] = vals
+            else:
+                extra_kw.update(vals)
+                ok = ok and isinstance(params.star_kwarg, cst.Param)
+        inner = dict(env)
+        for star, extra in ((params.star_arg, extra_pos), (params.star_kwarg, extra_kw)):
+            if isinstance(star, cst.Param):
+                inner[star.name.value] = self._cap(extra) if ok and extra else unknown
+        for p in (*params.posonly_params, *params.params, *params.kwonly_params):
+            name = p.name.value
+            if ok and name in bound:
+                inner[name] = bound[name]
+            elif ok and p.default is not None:
+                inner[name] = self.ev(p.default, env)
+            else:
+                inner[name] = unknown
+        self._inlining.add(id(lam))
+        try:
+            return self.ev(lam.body, inner)
+        finally:
+            self._inlining.discard(id(lam))
+
+    def _comprehension(
+        self,
+        node: cst.GeneratorExp | cst.ListComp | cst.SetComp | cst.DictComp,
+        elt: cst.BaseExpression,
+        env: Env,
+    ) -> Vals:
+        inner = dict(env)
+        parts = []
+        comp: cst.CompFor | None = node.for_in
+        while comp is not None:
+            it = self.ev(comp.iter, inner)
+            parts.append(it)
+            for n in names_in(comp.target):
+                inner[n.value] = frozenset({NONE_VAL})
+            for cond in comp.ifs:
+                self.ev(cond.test, inner)
+            comp = comp.inner_for_in
+        parts.append(self.ev(elt, inner))
+        return self._combine(parts, join)
+
+    def _attribute(self, node: cst.Attribute, env: Env) -> Vals:
+        attr = node.attr.value
+        base = self.ev(node.value, env)
+        if attr in META:
+            return frozenset({NONE_VAL})
+        field_prov = self._field(attr)
+        if field_prov is not None:
+            return frozenset(Val(v.assume, field_prov, v.defs) for v in base)
+        if attr not in TENSOR_ATTRS:
+            # ``layer.conv1d``, ``md.num_prefills``: what an object holds, not rows.
+            return frozenset({NONE_VAL})
+        return base
+
+    def _field(self, attr: str) -> Prov | None:
+        f = self.fields
+        if attr in f.spec_index:
+            return Prov.IDX_SPEC
+        if attr in f.non_spec_index:
+            return Prov.IDX_NONSPEC
+        if attr in f.spec_state:
+            return Prov.STATE_SPEC
+        if attr in f.non_spec_state:
+            return Prov.STATE_NONSPEC
+        return None
+
+    def _slice_vals(self, element: cst.SubscriptElement, env: Env) -> Vals:
+        s = element.slice
+        if isinstance(s, cst.Index):
+            return self.ev(s.value, env)
+        assert isinstance(s, cst.Slice)
+        parts = [self.ev(p, env) for p in (s.lower, s.upper, s.step) if p is not None]
+        return self._combine(parts, join)
+
+    def _select(self, base: Val, index: Prov) -> Prov:
+        """Rows left after indexing ``base`` by a value of provenance ``index``."""
+        if index in GATHERED:
+            if base.prov is Prov.ALL:
+                return GATHERED[index]
+            if base.prov.is_rows:
+                return Prov.CONFLICT  # a second selection: not the upstream shape
+            return base.prov
+        if index is Prov.IDX_ALL:
+            return base.prov  # ``x[torch.arange(n)]``: every row, in order
+        if index.is_rows or index is Prov.CONFLICT:
+            # A per-token mask we cannot name: rows selected unknowably.
+            return Prov.CONFLICT if base.prov.is_rows else base.prov
+        return base.prov
+
+    def _subscript(self, node: cst.Subscript, env: Env) -> Vals:
+        base = self.ev(node.value, env)
+        index = self._combine([self._slice_vals(e, env) for e in node.slice], join)
+        result: set[Val] = set()
+        for b in base:
+            for i in index:
+                a = consistent(b.assume, i.assume)
+                if a is not None:
+                    prov = self._select(b, i.prov)
+                    result.add(Val(a, prov, b.defs | i.defs))
+                    if i.prov in GATHERED and b.prov is Prov.ALL:
+                        self.flow.gathers.append((node, i.prov))
+                        self.flow.gathered_defs |= b.defs
+        return self._cap(result)
+
+    def _call(self, node: cst.Call, env: Env) -> Vals:
+        func = node.func
+        lam = func if isinstance(func, cst.Lambda) else None
+        if isinstance(func, cst.Name):
+            lam = self._local_lambda(func.value, env)
+        elif not isinstance(func, (cst.Attribute, cst.Lambda)):
+            # ``fns[i](...)``, ``make()(...)``: what picks the callee runs too.
+            self.ev(func, env)
+        arg_vals: list[tuple[str | None, cst.Arg, Vals]] = []
+        for arg in node.args:
+            kw = arg.keyword.value if arg.keyword is not None else None
+            vals = self.ev(arg.value, env)
+            if arg.star and isinstance(arg.value, cst.Name):
+                vals = self._starred_members(arg.value.value, env) or vals
+            arg_vals.append((kw, arg, vals))
+            if isinstance(arg.value, cst.Name):
+                handed = self._local_lambda(arg.value.value, env)
+                if handed is not None:
+                    self._inline_lambda(handed, env)
+        starred = any(a.star for a in node.args)
+        if lam is not None:
+            # The call is recorded as any call is (a lambda handed the spec
+            # slots is judged as a callee), and its body runs here.
+            name = func.value if isinstance(func, cst.Name) else None
+            self.flow.calls.append(CallRecord(node, name, self.path, arg_vals, starred, self.frame))
+            return self._inline_lambda(lam, env, arg_vals)
+        name = dotted(func)
+        callee = self._resolve(name, env) if name else None
+        record = CallRecord(node, callee, self.path, arg_vals, starred, self.frame)
+        self.flow.calls.append(record)
+        base, index = self._index_select_args(node)
+        none_keeps_all = False
+        if base is None and callee in self.row_gathers:
+            base, index = bind_row_gather(node)
+            none_keeps_all = True
+        if base is not None and index is not None:
+            bvals, ivals = self.ev(base, env), self.ev(index, env)
+            result: set[Val] = set()
+            for b in bvals:
+                for i in ivals:
+                    a = consistent(b.assume, i.assume)
+                    if a is not None:
+                        prov = self._select(b, i.prov)
+                        if none_keeps_all and i.prov is Prov.NULL:
+                            pass  # index None: x itself
+                        elif i.prov in (Prov.NONE, Prov.NULL) and b.prov.is_rows:
+                            # Rows picked by an index of unknown origin (a
+                            # helper's result, ``getattr(md, "...")``): which
+                            # rows is unknown, not "all of them".
+                            prov = Prov.CONFLICT
+                        result.add(Val(a, prov, b.defs | i.defs))
+                        if i.prov in GATHERED and b.prov is Prov.ALL:
+                            self.flow.gathers.append((node, i.prov))
+                            self.flow.gathered_defs |= b.defs
+            return self._cap(result)
+        if callee is not None and is_arange(callee):
+            # An identity index: ``x.index_select(0, torch.arange(n))`` keeps
+            # every row (a prefix, read as the kernel reads its first rows).
+            return frozenset({Val(NO_ASSUME, Prov.IDX_ALL)})
+        followed = self._follow(record, func, name, callee, env)
+        if followed is not None:
+            return followed
+        if isinstance(func, cst.Attribute):
+            if func.attr.value in META:
+                self.ev(func.value, env)
+                return frozenset({NONE_VAL})
+            owner = self.ev(func.value, env)
+            record.owner = owner
+            if any(v.prov not in (Prov.NONE, Prov.NULL) for v in owner):
+                # A method of a tensor (``x.contiguous()``, ``idx.to(...)``)
+                # keeps the tensor's rows whatever its arguments.
+                return owner
+        parts = [vals for _, _, vals in arg_vals]
+        return self._combine(parts, opaque) if parts else frozenset({NONE_VAL})
+
+    def _index_select_args(
+        self, call: cst.Call
+    ) -> tuple[cst.BaseExpression | None, cst.BaseExpression | None]:
+        parts = index_select_parts(call, ("torch", *self._torch_aliases()))
+        return (parts.base, parts.index) if parts else (None, None)
+
+    def _torch_aliases(self) -> list[str]:
+        return [k for k, v in self.imports.items() if v == "torch"]
+
+
+def opaque(provs: Iterable[Prov]) -> Prov:
+    """The rows an unknown call returns: those of its row arguments; but rows
+    handed in together with a gathering index come back selected we cannot
+    say how (``my_gather(a, idx)``), never as all rows."""
+    provs = list(provs)
+    if any(p in GATHERED for p in provs) and any(p.is_rows for p in provs):
+        return Prov.CONFLICT
+    return join(provs)
+
+
+def bind_row_gather(
+    call: cst.Call,
+) -> tuple[cst.BaseExpression | None, cst.BaseExpression | None]:
+    """``x`` and ``index`` of a row-gather call ``f(x, index)``."""
+    if any(a.star for a in call.args):
+        return None, None
+    pos = [a.value for a in call.args if a.keyword is None]
+    kw = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    x = pos[0] if pos else kw.get("x")
+    index = pos[1] if len(pos) > 1 else kw.get("index")
+    return x, index
+
+
+def is_arange(callee: str) -> bool:
+    return callee in ("torch.arange", "numpy.arange")
+
+
+def is_container(node: cst.BaseExpression) -> bool:
+    """A literal list, tuple, set or dict, or ``dict(...)``."""
+    if isinstance(node, (cst.List, cst.Tuple, cst.Set, cst.Dict)):
+        return True
+    return isinstance(node, cst.Call) and dotted(node.func) == "dict"
+
+
+def sub_exprs(node: cst.CSTNode) -> list[cst.BaseExpression]:
+    """The direct sub-expressions of an expression node (operands, elements)."""
+    out: list[cst.BaseExpression] = []
+    for child in node.children:
+        if isinstance(child, cst.BaseExpression):
+            out.append(child)
+        elif isinstance(child, (cst.Element, cst.StarredElement)):
+            out.append(child.value)
+        elif isinstance(child, (cst.DictElement,)):
+            out.extend([child.key, child.value])
+        elif isinstance(child, cst.FormattedStringExpression):
+            out.append(child.expression)
+        elif isinstance(child, cst.ComparisonTarget):
+            out.append(child.comparator)
+        elif isinstance(child, cst.Arg):
+            out.append(child.value)
+    return out
