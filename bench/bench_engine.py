@@ -291,9 +291,73 @@ def _grid(rows: list[list[str]]) -> str:
     )
 
 
-def summary(results: Path, timings: Mapping[str, float] | None = None) -> str:
-    done = _load(results)
-    by: dict[tuple[str, str], dict[str, Any]] = {}
+def _agg(a: Mapping[str, Any] | None, digits: int = 3) -> str:
+    """``mean / max (n)`` of an aggregate's JSON, ``-`` when empty."""
+    if not a or not a.get("count"):
+        return "-"
+    return f"{_num(a['mean'], digits)} / {_num(a['max'], 2)} (n={a['count']})"
+
+
+def pr51565_table(by: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[str]:
+    """vLLM #51565 per scenario and variant: how the new one-token rows were
+    classified, the stale FULL replays, the new rows' errors and the other
+    requests' errors from the first replay they took part in on."""
+    names = sorted({s for s, _ in by if s.startswith("pr51565")})
+    if not names:
+        return []
+    rows = [
+        [
+            "scenario",
+            "variant",
+            "new rows",
+            "stale FULL replays",
+            "new-row error",
+            "others after replay",
+            "clean",
+            "result",
+        ]
+    ]
+    for s in names:
+        for v in ("unpatched", "half", "full"):
+            r = by.get((s, v))
+            if r is None:
+                continue
+            tags = r.get("tags") or {}
+            classes = ", ".join(f"{k} {n}" for k, n in sorted((r["new_rows"] or {}).items()))
+            steps = r.get("stale_steps")
+            replays = f"{r['stale_replays']} builds" + (
+                f" in {steps} steps" if steps is not None and r["stale_replays"] else ""
+            )
+            rows.append(
+                [
+                    s,
+                    v,
+                    classes or "-",
+                    replays if r["stale_replays"] else "0",
+                    _agg(tags.get("new_row")),
+                    _agg(tags.get("stale")),
+                    _agg(r.get("clean") or tags.get("clean")),
+                    r["result"],
+                ]
+            )
+    return [
+        "vLLM #51565: half fix (builder only, as in 0.31-0.33) vs full fix (builder + runner); "
+        "errors: mean / max |chosen-logprob error| (n tokens)",
+        _grid(rows),
+        "",
+    ]
+
+
+def render(
+    done: Mapping[str, Mapping[str, Any]],
+    timings: Mapping[str, float] | None = None,
+    all_reasons: bool = False,
+) -> str:
+    """The summary of the step results ``done`` (step name -> its JSON):
+    the vLLM #51812 table, the pr51565 table, the reasons (of every result
+    that did not pass; of all with ``all_reasons``), throughput, doctor,
+    probe counters and the progress table."""
+    by: dict[tuple[str, str], Mapping[str, Any]] = {}
     for data in done.values():
         for r in data.get("results", []):
             by[(r["scenario"], r["variant"])] = r
@@ -321,26 +385,9 @@ def summary(results: Path, timings: Mapping[str, float] | None = None) -> str:
                 )
             rows.append([s, per_1000, *cells])
         lines += [_grid(rows), ""]
-    pr65 = sorted({s for s, v in by if s.startswith("pr51565")})
-    if pr65:
-        lines.append(
-            "vLLM #51565: half fix (builder only, as in 0.31-0.33) vs full fix (builder + runner)"
-        )
-        rows = [["scenario", "unpatched", "half", "full"]]
-        for s in pr65:
-            cells = []
-            for v in ("unpatched", "half", "full"):
-                r = by.get((s, v))
-                cells.append(
-                    "-"
-                    if r is None
-                    else f"{r['result']} new={r['new_rows'] or 0} stale={r['stale_replays']} "
-                    f"tagged={_num(r['tagged']['mean'], 3)}"
-                )
-            rows.append([s, *cells])
-        lines += [_grid(rows), ""]
+    lines += pr51565_table(by)
     for (s, v), r in sorted(by.items()):
-        if r["result"] != "PASS":
+        if all_reasons or r["result"] != "PASS":
             lines.append(f"{s} [{v}]: {r['result']}: {r['reason']}")
     thr = done.get("s7-throughput", {}).get("variants", {})
     if thr:
@@ -387,6 +434,10 @@ def summary(results: Path, timings: Mapping[str, float] | None = None) -> str:
         rows.append([step.name, status, f"{secs:.0f}" if secs is not None else "-"])
     lines += ["", "progress:", _grid(rows)]
     return "\n".join(lines)
+
+
+def summary(results: Path, timings: Mapping[str, float] | None = None) -> str:
+    return render(_load(results), timings)
 
 
 def package(results: Path, out: Path, text: str) -> list[Path]:

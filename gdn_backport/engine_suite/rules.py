@@ -188,7 +188,7 @@ class AloneMatchRule:
         worst = _worst_ratio(by_request, subjects, floor)
         return Verdict(
             PASS,
-            f"{len(subjects)} subject requests within {self.max_ratio}x the alone floor "
+            f"{len(subjects)} subject request(s) within {self.max_ratio}x the alone floor "
             f"{floor_agg.mean:.3g} (n={floor_agg.count}; worst "
             f"{worst[0] if worst else '-'} {worst[1] if worst else math.nan:.1f}x), "
             f"no stale FULL replay" + info,

@@ -423,6 +423,7 @@ def evaluate(sr: ScenarioRun, ctx: Context, reference_error: str | None = None) 
             classes[e.new_row_class] = classes.get(e.new_row_class, 0) + 1
     base.new_rows = classes
     base.stale_replays = sum(b.stale_replay for b in builds)
+    base.stale_steps = len({b.step for b in builds if b.stale_replay})
     base.recycled = len({rid for s in steps for rid in s.recycled})
     base.tagged, base.clean, base.ratio = tagged, clean, ratio
     base.post_mixed = post_mixed(scores, events)
