@@ -233,7 +233,11 @@ class _Engine025(_Engine):
             return 0
         bs = self.bs
         blocks = 0
-        while (blocks + 1) * bs <= len(r.prompt) - 1 and tuple(r.prompt[: (blocks + 1) * bs]) in self.full:
+        # Attention blocks hit up to num_tokens - 1; the mamba state must be
+        # cached at the boundary (searched from the right, as MambaManager).
+        while (blocks + 1) * bs <= len(r.prompt) - 1:
+            if tuple(r.prompt[: (blocks + 1) * bs]) not in self.full:
+                break
             blocks += 1
         for m in range(blocks, 0, -1):
             if tuple(r.prompt[: m * bs]) in self.states:
