@@ -90,19 +90,26 @@ def _suite_step(step: Any, ctx: suite.Context, notes: list[str]) -> dict[str, An
 
 def _throughput_step(step: Any, root: Path) -> dict[str, Any] | None:
     variants: dict[str, Any] = {}
-    for name in step.variants:
-        path = root / "work" / "runs" / name / "throughput" / "throughput.result.json"
+    for label, name, folder in bench_engine.throughput_runs(step):
+        path = root / "work" / "runs" / name / folder / "throughput.result.json"
         if not path.exists():
             continue
         data = json.loads(path.read_text(encoding="utf-8"))
         if not data.get("ok"):
-            variants[name] = {"error": data.get("error")}
+            variants[label] = {"error": data.get("error")}
             continue
-        variants[name] = {
+        variants[label] = {
             "phases": [bench_engine.decode_stats(p) for p in data["phases"]],
             "init_s": data.get("init_s"),
         }
-    return {"step": step.name, "variants": variants, "complete": True} if variants else None
+    if not variants:
+        return None
+    return {
+        "step": step.name,
+        "variants": variants,
+        "cudagraph_mode": step.cudagraph_mode,
+        "complete": True,
+    }
 
 
 def rescore(root: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
