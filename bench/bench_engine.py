@@ -12,6 +12,11 @@ Variants of the vLLM at ``--site`` (vLLM 0.25.1 there, affected by both fixes):
 ``full``       a copy patched by ``--patchset pr51565`` (builder and runners)
 ``half``       ``full`` with the original runner files copied back: only the
                builder rewrite, what vLLM 0.31-0.33 ship
+``kernel-off`` the ``kernel`` copy with ``GDN_BACKPORT_KERNEL=off``: the
+               guarded call site sends every call to its fallback (the tree's
+               kernel on gathered gates), so against ``kernel`` and ``gather``
+               it splits the kernel strategy's step cost into the guard's and
+               the op's (docs/engine_suite.md, "Open")
 
 Steps run in priority order, each writing ``--results/<step>.json`` when
 complete; a step whose file exists is skipped, and within a step every
@@ -55,6 +60,8 @@ APPLY = {
     "full": ("--patchset", "pr51565"),
     "half": ("--patchset", "pr51565"),
 }
+# Variants that are another variant's copy under extra environment.
+ENV_VARIANTS = {"kernel-off": ("kernel", {"GDN_BACKPORT_KERNEL": "off"})}
 PR51812 = ("pr51812-recipe", "pr51812-misorder-eager", "pr51812-misorder-graphs")
 OUT_LIMIT = 15 * 1024 * 1024
 
@@ -63,8 +70,12 @@ OUT_LIMIT = 15 * 1024 * 1024
 class Step:
     name: str
     kind: str  # suite, throughput, doctor
+    # A throughput step may name a variant more than once: each run is its
+    # own engine, in this order (alternating variants spreads drift).
     variants: tuple[str, ...]
     scenarios: tuple[str, ...] = ()
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"  # throughput steps
+    folder: str = "throughput"  # throughput steps: runs/<variant>/<folder>[-n]
 
 
 STEPS = (
@@ -81,6 +92,22 @@ STEPS = (
     ),
     Step("s7-throughput", "throughput", ("unpatched", "gather", "kernel")),
     Step("s8-doctor", "doctor", ("unpatched", "gather", "kernel", "plugin")),
+    # The kernel strategy's step cost (docs/engine_suite.md, "Open"): each
+    # variant twice, alternating; then PIECEWISE only, where the GDN op runs
+    # outside any graph every step (the host cost of the guard and the op).
+    Step(
+        "s9-kernel-cost",
+        "throughput",
+        ("kernel", "gather", "kernel-off", "unpatched") * 2,
+        folder="kernel-cost",
+    ),
+    Step(
+        "s10-kernel-cost-piecewise",
+        "throughput",
+        ("kernel", "gather", "kernel-off", "unpatched"),
+        cudagraph_mode="PIECEWISE",
+        folder="kernel-cost-piecewise",
+    ),
 )
 
 BATCHES = (1, 8, 64)
@@ -135,6 +162,10 @@ def prepare_variant(
                 "GDN_BACKPORT_PROBE_EVERY": "0",
             },
         )
+    if name in ENV_VARIANTS:
+        base, extra = ENV_VARIANTS[name]
+        made = prepare_variant(base, site, root, python, apply)
+        return suite.Variant(name, {**made.env, **extra})
     dest = root / name
     ready = dest / ".gdn-backport-variant.json"
     if not ready.exists():
@@ -174,56 +205,91 @@ def run_suite_step(
     return {"results": [r.to_json() for r in results], "probe": probe, "complete": not incomplete}
 
 
-def _throughput_spec(ctx: suite.Context) -> dict[str, Any]:
+def _throughput_spec(ctx: suite.Context, cudagraph_mode: str | None = None) -> dict[str, Any]:
     shape = ModelShape()
+    engine = THROUGHPUT_ENGINE
+    if cudagraph_mode is not None:
+        engine = engine.replace(cudagraph_mode=cudagraph_mode)
     return {
         "model_dir": str(write_model_dir(ctx.workdir / "models" / shape.digest(), shape)),
         "model": shape.to_json(),
         "weights": WeightRules().to_json(),
         "seed": 0,
-        "engine": THROUGHPUT_ENGINE.to_json(),
+        "engine": engine.to_json(),
         "job": {"kind": "throughput", **THROUGHPUT},
         "record": False,
     }
 
 
-def decode_stats(phase: Mapping[str, Any]) -> dict[str, float]:
+def throughput_runs(step: Step) -> list[tuple[str, str, str]]:
+    """``(label, variant, folder name)`` of each engine of a throughput step;
+    a variant's repeats are ``name#2``, ``name#3``... in ``<folder>-2``..."""
+    seen: dict[str, int] = {}
+    out = []
+    for name in step.variants:
+        seen[name] = seen.get(name, 0) + 1
+        n = seen[name]
+        label = name if n == 1 else f"{name}#{n}"
+        out.append((label, name, step.folder if n == 1 else f"{step.folder}-{n}"))
+    return out
+
+
+def decode_stats(phase: Mapping[str, Any]) -> dict[str, Any]:
     """Output tokens per second and mean step latency over the decode steps
-    (those in which no request produced its first token)."""
+    (those in which no request produced its first token); the median and
+    90th percentile (a burst of slow steps moves the mean, not the median),
+    and where the driver recorded them, the process CPU ms per step and the
+    CUDA-graph modes the steps ran with."""
     steps = [t for t in phase["timing"] if not t["firsts"] and t["tokens"]]
     seconds = sum(t["s"] for t in steps)
     tokens = sum(t["tokens"] for t in steps)
-    return {
+    ms = sorted(1000.0 * t["s"] for t in steps)
+    out: dict[str, Any] = {
         "batch": phase["batch"],
         "tokens_per_s": tokens / seconds if seconds else 0.0,
         "step_ms": 1000.0 * seconds / len(steps) if steps else 0.0,
         "steps": len(steps),
+        "median_ms": ms[len(ms) // 2] if ms else 0.0,
+        "p90_ms": ms[min(len(ms) - 1, (9 * len(ms)) // 10)] if ms else 0.0,
     }
+    cpu = [t["cpu_s"] for t in steps if "cpu_s" in t]
+    if cpu:
+        out["cpu_ms"] = 1000.0 * sum(cpu) / len(cpu)
+    modes: dict[str, int] = {}
+    for t in steps:
+        if "dispatch" in t:
+            mode = str(t["dispatch"])
+            modes[mode] = modes.get(mode, 0) + 1
+    if modes:
+        out["dispatch"] = modes
+    return out
 
 
 def run_throughput_step(
     step: Step, variants: Mapping[str, suite.Variant], ctx: suite.Context
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {"variants": {}, "complete": True}
-    for name in step.variants:
+    out: dict[str, Any] = {"variants": {}, "complete": True, "cudagraph_mode": step.cudagraph_mode}
+    for label, name, folder in throughput_runs(step):
+        if name not in variants:
+            continue
         timeout = ctx.timeout(420.0)
         if timeout is None:
             out["complete"] = False
             break
-        log(f"throughput: {name}")
+        log(f"throughput: {label} ({step.cudagraph_mode})")
         child = run_child(
             ctx.python,
-            _throughput_spec(ctx),
-            ctx.workdir / "runs" / name / "throughput",
+            _throughput_spec(ctx, step.cudagraph_mode),
+            ctx.workdir / "runs" / name / folder,
             "throughput",
             timeout,
             ctx.env(variants[name]),
             reuse=True,
         )
         if not child.ok or child.result is None:
-            out["variants"][name] = {"error": child.error}
+            out["variants"][label] = {"error": child.error}
             continue
-        out["variants"][name] = {
+        out["variants"][label] = {
             "phases": [decode_stats(p) for p in child.result["phases"]],
             "init_s": child.result.get("init_s"),
             "live": child.result.get("live"),
@@ -291,9 +357,125 @@ def _grid(rows: list[list[str]]) -> str:
     )
 
 
-def summary(results: Path, timings: Mapping[str, float] | None = None) -> str:
-    done = _load(results)
-    by: dict[tuple[str, str], dict[str, Any]] = {}
+def _agg(a: Mapping[str, Any] | None, digits: int = 3) -> str:
+    """``mean / max (n)`` of an aggregate's JSON, ``-`` when empty."""
+    if not a or not a.get("count"):
+        return "-"
+    return f"{_num(a['mean'], digits)} / {_num(a['max'], 2)} (n={a['count']})"
+
+
+def pr51565_table(by: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[str]:
+    """vLLM #51565 per scenario and variant: how the new one-token rows were
+    classified, the stale FULL replays, the new rows' errors and the other
+    requests' errors from the first replay they took part in on."""
+    names = sorted({s for s, _ in by if s.startswith("pr51565")})
+    if not names:
+        return []
+    rows = [
+        [
+            "scenario",
+            "variant",
+            "new rows",
+            "stale FULL replays",
+            "new-row error",
+            "others after replay",
+            "clean",
+            "result",
+        ]
+    ]
+    for s in names:
+        for v in ("unpatched", "half", "full"):
+            r = by.get((s, v))
+            if r is None:
+                continue
+            tags = r.get("tags") or {}
+            classes = ", ".join(f"{k} {n}" for k, n in sorted((r["new_rows"] or {}).items()))
+            steps = r.get("stale_steps")
+            replays = f"{r['stale_replays']} builds" + (
+                f" in {steps} steps" if steps is not None and r["stale_replays"] else ""
+            )
+            rows.append(
+                [
+                    s,
+                    v,
+                    classes or "-",
+                    replays if r["stale_replays"] else "0",
+                    _agg(tags.get("new_row")),
+                    _agg(tags.get("stale")),
+                    _agg(r.get("clean") or tags.get("clean")),
+                    r["result"],
+                ]
+            )
+    return [
+        "vLLM #51565: half fix (builder only, as in 0.31-0.33) vs full fix (builder + runner); "
+        "errors: mean / max |chosen-logprob error| (n tokens)",
+        _grid(rows),
+        "",
+    ]
+
+
+def throughput_tables(step: Step, data: Mapping[str, Any]) -> list[str]:
+    """Tokens/s (ratio to the step's first ``unpatched`` run) and mean step
+    ms per batch; then, where the runs recorded them, the step-time median
+    and p90, the process CPU ms per step and the steps' CUDA-graph modes."""
+    thr: Mapping[str, Any] = data["variants"]
+    mode = data.get("cudagraph_mode", step.cudagraph_mode)
+    lines = [f"throughput, {step.name} (MTP 2 drafts, {mode}): decode tokens/s and mean step ms"]
+    base = {p["batch"]: p for p in thr.get("unpatched", {}).get("phases", [])}
+
+    def phase(d: Mapping[str, Any], batch: int) -> Mapping[str, Any] | None:
+        return next((p for p in d.get("phases", []) if p["batch"] == batch), None)
+
+    rows = [["batch", *[f"{v} tok/s (x)" for v in thr], *[f"{v} ms" for v in thr]]]
+    for batch in BATCHES:
+        rates, ms = [], []
+        for d in thr.values():
+            p = phase(d, batch)
+            if p is None:
+                rates.append(str(d.get("error", "-"))[:30])
+                ms.append("-")
+                continue
+            ref = base.get(batch, {}).get("tokens_per_s")
+            ratio = f" ({p['tokens_per_s'] / ref:.3f})" if ref else ""
+            rates.append(f"{p['tokens_per_s']:.0f}{ratio}")
+            ms.append(f"{p['step_ms']:.2f}")
+        rows.append([str(batch), *rates, *ms])
+    lines.append(_grid(rows))
+    if not any("median_ms" in p for d in thr.values() for p in d.get("phases", [])):
+        return lines
+    lines += [
+        "",
+        f"step ms, {step.name}: median / p90 [process CPU ms per step] {{CUDA-graph modes}}",
+    ]
+    rows = [["batch", *thr]]
+    for batch in BATCHES:
+        cells = []
+        for d in thr.values():
+            p = phase(d, batch)
+            if p is None or "median_ms" not in p:
+                cells.append("-")
+                continue
+            cell = f"{p['median_ms']:.2f} / {p['p90_ms']:.2f}"
+            if "cpu_ms" in p:
+                cell += f" [{p['cpu_ms']:.2f}]"
+            if p.get("dispatch"):
+                cell += " {" + ", ".join(f"{k} {n}" for k, n in sorted(p["dispatch"].items())) + "}"
+            cells.append(cell)
+        rows.append([str(batch), *cells])
+    lines.append(_grid(rows))
+    return lines
+
+
+def render(
+    done: Mapping[str, Mapping[str, Any]],
+    timings: Mapping[str, float] | None = None,
+    all_reasons: bool = False,
+) -> str:
+    """The summary of the step results ``done`` (step name -> its JSON):
+    the vLLM #51812 table, the pr51565 table, the reasons (of every result
+    that did not pass; of all with ``all_reasons``), throughput, doctor,
+    probe counters and the progress table."""
+    by: dict[tuple[str, str], Mapping[str, Any]] = {}
     for data in done.values():
         for r in data.get("results", []):
             by[(r["scenario"], r["variant"])] = r
@@ -321,49 +503,14 @@ def summary(results: Path, timings: Mapping[str, float] | None = None) -> str:
                 )
             rows.append([s, per_1000, *cells])
         lines += [_grid(rows), ""]
-    pr65 = sorted({s for s, v in by if s.startswith("pr51565")})
-    if pr65:
-        lines.append(
-            "vLLM #51565: half fix (builder only, as in 0.31-0.33) vs full fix (builder + runner)"
-        )
-        rows = [["scenario", "unpatched", "half", "full"]]
-        for s in pr65:
-            cells = []
-            for v in ("unpatched", "half", "full"):
-                r = by.get((s, v))
-                cells.append(
-                    "-"
-                    if r is None
-                    else f"{r['result']} new={r['new_rows'] or 0} stale={r['stale_replays']} "
-                    f"tagged={_num(r['tagged']['mean'], 3)}"
-                )
-            rows.append([s, *cells])
-        lines += [_grid(rows), ""]
+    lines += pr51565_table(by)
     for (s, v), r in sorted(by.items()):
-        if r["result"] != "PASS":
+        if all_reasons or r["result"] != "PASS":
             lines.append(f"{s} [{v}]: {r['result']}: {r['reason']}")
-    thr = done.get("s7-throughput", {}).get("variants", {})
-    if thr:
-        lines += [
-            "",
-            "throughput (MTP 2 drafts, FULL_AND_PIECEWISE): decode tokens/s and mean step ms",
-        ]
-        base = {p["batch"]: p for p in thr.get("unpatched", {}).get("phases", [])}
-        rows = [["batch", *[f"{v} tok/s (x)" for v in thr], *[f"{v} ms" for v in thr]]]
-        for batch in BATCHES:
-            rates, ms = [], []
-            for data in thr.values():
-                p = next((p for p in data.get("phases", []) if p["batch"] == batch), None)
-                if p is None:
-                    rates.append(str(data.get("error", "-"))[:30])
-                    ms.append("-")
-                    continue
-                ref = base.get(batch, {}).get("tokens_per_s")
-                ratio = f" ({p['tokens_per_s'] / ref:.3f})" if ref else ""
-                rates.append(f"{p['tokens_per_s']:.0f}{ratio}")
-                ms.append(f"{p['step_ms']:.2f}")
-            rows.append([str(batch), *rates, *ms])
-        lines.append(_grid(rows))
+    for step in STEPS:
+        data = done.get(step.name)
+        if step.kind == "throughput" and data and data.get("variants"):
+            lines += ["", *throughput_tables(step, data)]
     doc = done.get("s8-doctor", {}).get("variants", {})
     if doc:
         lines += ["", "doctor --json per variant:"]
@@ -387,6 +534,10 @@ def summary(results: Path, timings: Mapping[str, float] | None = None) -> str:
         rows.append([step.name, status, f"{secs:.0f}" if secs is not None else "-"])
     lines += ["", "progress:", _grid(rows)]
     return "\n".join(lines)
+
+
+def summary(results: Path, timings: Mapping[str, float] | None = None) -> str:
+    return render(_load(results), timings)
 
 
 def package(results: Path, out: Path, text: str) -> list[Path]:

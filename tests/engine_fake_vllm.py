@@ -182,6 +182,208 @@ class _Engine:
         return results
 
 
+class _Engine025(_Engine):
+    # 0.25.1's scheduler and persistent batch, as far as the row order of a
+    # spec-decode step depends on them (v1/core/sched/scheduler.py schedule(),
+    # _mamba_block_aligned_split; the hybrid prefix-cache hit;
+    # v1/worker/gpu_input_batch.py add/condense;
+    # reorder_batch_to_split_decodes_and_prefills). Drafts are always
+    # rejected: a decode row makes one token a step.
+
+    def __init__(self, llm):
+        super().__init__(llm)
+        # The block size 0.25.1 chose for the tiny model with mamba "align"
+        # (attention pages sized to the mamba state), as the H200 run reported.
+        self.bs = 144 if llm.align else 16
+        self.vllm_config.cache_config.block_size = self.bs
+        self.waiting = []
+        self.running = []
+        self.batch = []      # input batch rows: request id or None (a hole)
+        self.states = set()  # prompt prefixes (whole blocks) with a cached mamba state
+        self.full = set()    # prompt prefixes (whole blocks) with cached attention blocks
+
+    def add_request(self, rid, prompt, params):
+        internal = super().add_request(rid, prompt, params)
+        self.order.remove(internal)
+        r = self.reqs[internal]
+        r.spec = 0
+        self.waiting.append(internal)
+        return internal
+
+    def has_unfinished_requests(self):
+        return bool(self.waiting or self.running)
+
+    def _align(self, r, computed, n):
+        total = len(r.prompt) + len(r.tokens)
+        if computed >= max(len(r.prompt), total - 1):
+            return n
+        bs = self.bs
+        last = total - total % bs
+        if self.llm.num_spec:  # use_eagle (MTP): the last block is recomputed
+            last = max(last - bs, 0)
+        after = computed + n
+        if after < last:
+            return n // bs * bs
+        if computed < last < after:
+            return last - computed
+        return n
+
+    def _hit(self, r):
+        if not self.llm.prefix_caching:
+            return 0
+        bs = self.bs
+        blocks = 0
+        # Attention blocks hit up to num_tokens - 1; the mamba state must be
+        # cached at the boundary (searched from the right, as MambaManager).
+        while (blocks + 1) * bs <= len(r.prompt) - 1:
+            if tuple(r.prompt[: (blocks + 1) * bs]) not in self.full:
+                break
+            blocks += 1
+        for m in range(blocks, 0, -1):
+            if tuple(r.prompt[: m * bs]) in self.states:
+                return m * bs
+        return 0
+
+    def _schedule(self):
+        llm = self.llm
+        k, limit = llm.num_spec, llm.max_model_len
+        budget = llm.max_batched
+        sched, drafts, new = {}, {}, []
+        prefill_scheduled = False
+        for rid in list(self.running):
+            if budget <= 0:
+                break
+            r = self.reqs[rid]
+            total = len(r.prompt) + len(r.tokens)
+            n = min(total + r.spec - r.computed, budget, limit - r.computed - 1)
+            if llm.align:
+                n = self._align(r, r.computed, n)
+            if n <= 0:
+                continue
+            prefill_scheduled |= r.computed < len(r.prompt)
+            sched[rid] = n
+            budget -= n
+            if r.spec:
+                s = n + r.computed - total
+                if s > 0:
+                    drafts[rid] = min(s, r.spec)
+            r.spec = 0
+        while self.waiting and budget > 0 and len(self.running) < llm.max_num_seqs:
+            rid = self.waiting[0]
+            r = self.reqs[rid]
+            hit = self._hit(r)
+            n = len(r.prompt) - hit
+            pad = False
+            # "Pad new decode requests to uniform spec decoding size".
+            if k and n == 1 and sched and not prefill_scheduled:
+                n = 1 + k
+                if n > budget or hit + n > limit:
+                    break
+                pad = True
+            n = min(n, budget)
+            if llm.align:
+                n = self._align(r, hit, n)
+            if n <= 0:
+                break
+            self.waiting.pop(0)
+            self.running.append(rid)
+            r.computed = hit
+            block, was = self._block(rid)
+            r.blocks = ([block],)
+            r.recycled = was
+            new.append(_Obj(req_id=rid, block_ids=r.blocks, num_computed_tokens=hit))
+            sched[rid] = n
+            budget -= n
+            if pad:
+                drafts[rid] = k
+        return sched, drafts, new
+
+    def _rows(self, sched, finished):
+        batch = self.batch
+        for i, rid in enumerate(batch):
+            if rid is not None and (rid in finished or rid not in sched):
+                batch[i] = None
+        for rid in sched:
+            if rid in batch:
+                continue
+            holes = [i for i, x in enumerate(batch) if x is None]
+            if holes:
+                batch[holes[0]] = rid
+            else:
+                batch.append(rid)
+        while True:
+            holes = [i for i, x in enumerate(batch) if x is None]
+            filled = [i for i, x in enumerate(batch) if x is not None]
+            if not holes or not filled or holes[0] > filled[-1]:
+                break
+            batch[holes[0]], batch[filled[-1]] = batch[filled[-1]], None
+        while batch and batch[-1] is None:
+            batch.pop()
+        threshold = 1 + self.llm.num_spec
+        regions = []
+        for rid in batch:
+            r = self.reqs[rid]
+            if r.computed == 0:
+                regions.append(3)
+            elif sched[rid] > threshold:
+                regions.append(2)
+            elif r.computed < len(r.prompt):
+                regions.append(1)
+            else:
+                regions.append(0)
+        target = sorted(regions)
+        swap = [i for i in range(len(batch)) if regions[i] != target[i]]
+        src = sorted(swap, key=lambda i: regions[i])
+        old = list(batch)
+        for dst, s in zip(swap, src):
+            batch[dst] = old[s]
+        return list(batch)
+
+    def step(self):
+        llm = self.llm
+        if not self.has_unfinished_requests():
+            return []
+        sched, drafts, new = self._schedule()
+        finished = set(self.finished_ids)
+        rows = self._rows(sched, finished)
+        out = _Obj(num_scheduled_tokens=sched,
+                   scheduled_spec_decode_tokens={rid: [0] * n for rid, n in drafts.items()},
+                   scheduled_new_reqs=new, finished_req_ids=finished,
+                   scheduled_cached_reqs=_Obj(req_ids=[], new_block_ids=[]))
+        self.finished_ids = []
+        llm.runner.rows = rows
+        llm.runner.engine = self
+        llm.runner.execute_model(out)
+        results = []
+        bs = self.bs
+        for rid in rows:
+            r = self.reqs[rid]
+            r.computed += sched[rid] - drafts.get(rid, 0)
+            if r.computed <= len(r.prompt):
+                for m in range(1, r.computed // bs + 1):
+                    self.full.add(tuple(r.prompt[: m * bs]))
+                if r.computed % bs == 0:
+                    self.states.add(tuple(r.prompt[: r.computed]))
+            position = len(r.prompt) + len(r.tokens)
+            if r.computed < position:
+                continue  # a prefill chunk: nothing sampled
+            token = token_at(r.prompt, position) + r.shift
+            r.tokens.append(token)
+            r.lps.append(base_lp(token, position) + r.error)
+            r.computed = position
+            r.spec = llm.num_spec
+            done = len(r.tokens) >= r.params.max_tokens or position + 1 >= llm.max_model_len
+            if done:
+                r.finished = True
+                self.finished_ids.append(rid)
+                self.running.remove(rid)
+                self.free.extend(r.blocks[0])
+            lps = [{t: Logprob(lp)} for t, lp in zip(r.tokens, r.lps)]
+            results.append(RequestOutput(r.id, [CompletionOutput(list(r.tokens), lps,
+                                          "length" if done else None)], done))
+        return results
+
+
 class LLM:
     def __init__(self, model, **kw):
         if os.environ.get("FAKE_VLLM_CRASH") == "1":
@@ -206,7 +408,12 @@ class LLM:
         if not self.eager:
             for b in self.builders:
                 b.build_for_cudagraph_capture(meta)
-        self.llm_engine = _Engine(self)
+        self.max_num_seqs = int(kw.get("max_num_seqs") or 256)
+        self.max_batched = int(kw.get("max_num_batched_tokens") or 8192)
+        self.prefix_caching = bool(kw.get("enable_prefix_caching"))
+        self.align = kw.get("mamba_cache_mode") == "align"
+        faithful = self.prefix_caching or kw.get("max_num_batched_tokens")
+        self.llm_engine = _Engine025(self) if faithful else _Engine(self)
 
     def get_metrics(self):
         return [_Obj(name="vllm:spec_decode_num_drafts", value=0)]

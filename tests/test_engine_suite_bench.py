@@ -14,6 +14,7 @@ from types import ModuleType
 
 import pytest
 
+from gdn_backport.engine_suite import process, suite
 from tests.conftest import AFFECTED
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,9 +100,11 @@ def test_plugin_and_unpatched_need_no_copy(tmp_path: Path) -> None:
 
 def test_steps_resume_in_priority_order(tmp_path: Path) -> None:
     names = [s.name for s in bench.STEPS]
-    assert names[:2] == ["s1-pr51812", "s2-pr51565-graphs"] and names[-2:] == [
+    assert names[:2] == ["s1-pr51812", "s2-pr51565-graphs"] and names[-4:] == [
         "s7-throughput",
         "s8-doctor",
+        "s9-kernel-cost",
+        "s10-kernel-cost-piecewise",
     ]
     assert bench.STEPS[0].variants == ("unpatched", "gather")
     (tmp_path / "s1-pr51812.json").write_text("{}")
@@ -163,7 +166,8 @@ def test_summary_and_what_goes_to_out(tmp_path: Path) -> None:
     )
     text = bench.summary(results, {"s1-pr51812": 300.0})
     assert "0.0120 / 0.0360 (n=40) FAIL" in text and "0.0002 / 0.0006 (n=40) PASS" in text
-    assert "FAIL new={'decode': 4}" in text and "792 (0.990)" in text
+    assert re.search(r"pr51565-full-graphs +half +decode 4 +0 +- +- +.* FAIL", text)
+    assert "792 (0.990)" in text
     assert re.search(r"s1-pr51812 +done +300", text) and re.search(r"s8-doctor +pending", text)
     files = bench.package(results, tmp_path / "out", text)
     out = sorted(p for p in (tmp_path / "out").rglob("*"))
@@ -185,3 +189,60 @@ def test_decode_stats_leave_out_prefill_steps() -> None:
     }
     stats = bench.decode_stats(phase)
     assert stats["tokens_per_s"] == pytest.approx(100.0) and stats["step_ms"] == pytest.approx(20.0)
+
+
+def _no_apply(python: str, args: tuple[str, ...], dest: Path, root: Path) -> list[str]:
+    return []
+
+
+def test_kernel_off_is_the_kernel_copy_with_the_guard_switched_off(tmp_path: Path) -> None:
+    site = small_site(tmp_path)
+    kernel = bench.prepare_variant("kernel", site, tmp_path / "variants", apply=_no_apply)
+    off = bench.prepare_variant("kernel-off", site, tmp_path / "variants", apply=_no_apply)
+    assert off.name == "kernel-off" and off.env["GDN_BACKPORT_KERNEL"] == "off"
+    assert off.env["PYTHONPATH"] == kernel.env["PYTHONPATH"]
+    assert sorted(p.name for p in (tmp_path / "variants").iterdir()) == ["kernel"]
+
+
+def test_kernel_cost_steps_alternate_variants_in_their_own_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (s9,) = [s for s in bench.STEPS if s.name == "s9-kernel-cost"]
+    (s10,) = [s for s in bench.STEPS if s.name == "s10-kernel-cost-piecewise"]
+    runs = bench.throughput_runs(s9)
+    assert [r[0] for r in runs] == [
+        "kernel", "gather", "kernel-off", "unpatched",
+        "kernel#2", "gather#2", "kernel-off#2", "unpatched#2",
+    ]  # fmt: skip
+    assert runs[0][2] == "kernel-cost" and runs[4] == ("kernel#2", "kernel", "kernel-cost-2")
+    seen: list[tuple[str, str, str | None]] = []
+
+    def fake_child(python, spec, folder, name, timeout, env, reuse=False):  # type: ignore[no-untyped-def]
+        seen.append((folder.name, spec["engine"]["cudagraph_mode"], env.get("GDN_BACKPORT_KERNEL")))
+
+        def t(step: int, s: float, firsts: int, mode: str) -> dict[str, object]:
+            return {"step": step, "s": s, "cpu_s": 0.004, "tokens": 2, "firsts": firsts,
+                    "dispatch": mode}  # fmt: skip
+
+        timing = [t(0, 0.5, 2, "PIECEWISE"), t(1, 0.006, 0, "FULL"), t(2, 0.009, 0, "PIECEWISE")]
+        result = {"ok": True, "phases": [{"batch": 1, "timing": timing}]}
+        return process.ChildResult(name, 0, result, None, 0.0, folder, folder)
+
+    monkeypatch.setattr(bench, "run_child", fake_child)
+    ctx = suite.Context(tmp_path / "work")
+    site = small_site(tmp_path)
+    variants = {
+        n: bench.prepare_variant(n, site, tmp_path / "v", apply=_no_apply)
+        for n in ("kernel", "gather", "kernel-off", "unpatched")
+    }
+    data = bench.run_throughput_step(s10, variants, ctx)
+    assert [s[0] for s in seen] == ["kernel-cost-piecewise"] * 4
+    assert {s[1] for s in seen} == {"PIECEWISE"} and seen[2][2] == "off"
+    phase = data["variants"]["kernel-off"]["phases"][0]
+    assert phase["dispatch"] == {"FULL": 1, "PIECEWISE": 1} and phase["cpu_ms"] == pytest.approx(
+        4.0
+    )
+    assert phase["median_ms"] == pytest.approx(9.0) and phase["step_ms"] == pytest.approx(7.5)
+    text = bench.render({s10.name: data})
+    assert "throughput, s10-kernel-cost-piecewise (MTP 2 drafts, PIECEWISE)" in text
+    assert "9.00 / 9.00 [4.00] {FULL 1, PIECEWISE 1}" in text

@@ -124,3 +124,23 @@ def test_the_patch_mark_is_the_plugins() -> None:
     from gdn_backport.patchsets.pr51812.runtime import live
 
     assert live.MARKER == PATCH_MARK
+
+
+def test_throughput_steps_carry_their_graph_mode_and_cpu_time(tmp_path: Path, site: Path) -> None:
+    # What separates a lost FULL replay from a host cost (docs/engine_suite.md, "Open").
+    engine = EngineConfig(
+        num_speculative_tokens=2,
+        enforce_eager=False,
+        cudagraph_mode="FULL_AND_PIECEWISE",
+        max_model_len=256,
+        max_num_seqs=8,
+    )
+    job = {"kind": "throughput", "batches": [2], "prompt_len": 8, "max_tokens": 6}
+    rc, result, _ = drive(tmp_path, site, job, engine)
+    assert rc == 0 and result["ok"], result
+    (phase,) = result["phases"]
+    modes = [t["dispatch"] for t in phase["timing"]]
+    # The prompt step is mixed (PIECEWISE), the uniform spec steps FULL.
+    assert modes[0] == "PIECEWISE" and set(modes[1:]) == {"FULL"}
+    assert all(t["cpu_s"] >= 0.0 for t in phase["timing"])
+    assert "recorder" not in result

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from gdn_backport.engine_suite.recorder import StepRecord, describe_build
 from gdn_backport.engine_suite.rules import AloneMatchRule, TaggedFloorRule
-from gdn_backport.engine_suite.scoring import Events, Evidence, RunRequest, score_tokens
+from gdn_backport.engine_suite.scoring import (
+    Events,
+    Evidence,
+    RunRequest,
+    attribute,
+    score_tokens,
+)
 
 FLOOR = 3e-4
 
@@ -81,7 +87,13 @@ def test_tagged_floor_is_inconclusive_without_tagged_tokens_or_fit_gates() -> No
 
 
 def _new_row_evidence(
-    run_tokens: tuple[int, ...], bump: float = 0.0, other_bump: float = 0.0, recycled: bool = True
+    run_tokens: tuple[int, ...],
+    bump: float = 0.0,
+    other_bump: float = 0.0,
+    recycled: bool = True,
+    dispatch: str | None = None,
+    builder_class: str = "decode",
+    fit: bool = True,
 ) -> Evidence:
     new = stream("n0", 12, role="new", tokens=run_tokens)
     others = [stream("o0", 30), stream("b0", 6, role="background")]
@@ -91,42 +103,84 @@ def _new_row_evidence(
     )
     alone = stream("n0", 12, role="new")
     alone_scores = score_tokens([alone], floor_ref([alone]), {})
+    # builder_class "prefill" is the half fix: the new row is a prefill, so
+    # the builder leaves the FULL-graph decode buffers unfilled.
+    counts = (0, 2, 0) if builder_class == "decode" else (0, 1, 1)
     build = describe_build(
         step=6,
         group=0,
         query_start_loc=[0, 1, 2],
         drafts=None,
-        counts=(0, 2, 0),
+        counts=counts,
         req_ids=["o0", "n0"],
         computed=[20, 0],
+        full_graph=(True, 16),
+        dispatch=dispatch,
     )
     step = StepRecord(
         6, {"o0": 1, "n0": 1}, {}, ["n0"], ["b0"], {"n0": [[0, "b0"]]} if recycled else {}, True
     )
-    scores = score_tokens(requests, ref, {})
+    scores = score_tokens(requests, ref, attribute([build]))
     return Evidence(
         scores,
         {r.id: r for r in requests},
         [build],
         [step],
         {},
-        True,
+        fit,
         "gates vary",
         {"n0": alone},
         alone_scores,
     )
 
 
-def test_alone_match_passes_matches_and_fails_divergence_or_collateral() -> None:
+GOOD = tuple(range(200, 212))
+
+
+def test_alone_match_passes_at_the_floor_and_fails_subject_errors_or_collateral() -> None:
     rule = AloneMatchRule(require_uniform_step=True)
-    good = tuple(range(200, 212))
-    assert rule.evaluate(_new_row_evidence(good)).result == "PASS"
-    wrong = rule.evaluate(_new_row_evidence((999, *good[1:]), bump=0.3))
-    assert wrong.result == "FAIL" and "tokens differ from alone at output 0" in wrong.reason
-    collateral = rule.evaluate(_new_row_evidence(good, other_bump=0.05))
+    ok = rule.evaluate(_new_row_evidence(GOOD))
+    assert ok.result == "PASS" and "tokens equal their alone runs" in ok.reason, ok.reason
+    wrong = rule.evaluate(_new_row_evidence(GOOD, bump=0.3))
+    assert wrong.result == "FAIL" and wrong.reason.startswith("n0: mean error"), wrong.reason
+    collateral = rule.evaluate(_new_row_evidence(GOOD, other_bump=0.05))
     assert collateral.result == "FAIL" and collateral.reason.startswith("collateral: o0")
 
 
+def test_tokens_that_differ_from_alone_at_the_floor_pass_and_say_where() -> None:
+    # What the full fix did on the H200: a greedy tie flipped at output 0,
+    # the teacher-forced errors at the floor. The old rule failed it.
+    verdict = AloneMatchRule().evaluate(_new_row_evidence((999, *GOOD[1:])))
+    assert verdict.result == "PASS", verdict.reason
+    assert "tokens differ from alone (not judged: greedy ties" in verdict.reason
+    assert "n0 at output 0" in verdict.reason
+
+
+def test_a_stale_full_replay_fails_by_itself_even_at_the_floor() -> None:
+    # The half fix under FULL_AND_PIECEWISE: the builder calls the new row a
+    # prefill, the runner replays FULL by shape. Errors at the floor (a
+    # model that happened not to show it) must not hide the mechanism.
+    ev = _new_row_evidence(GOOD, dispatch="FULL", builder_class="prefill")
+    assert ev.builds[0].stale_replay
+    verdict = AloneMatchRule(require_uniform_step=True).evaluate(ev)
+    assert verdict.result == "FAIL", verdict.reason
+    assert verdict.reason.startswith(
+        "the runner replayed the FULL decode graph with persistent buffers the builder did "
+        "not fill: 1 step(s) (6; 1 GDN builds), new one-token rows n0, rows n0, o0"
+    )
+    # The same builds replayed piecewise fill nothing and need nothing.
+    piecewise = _new_row_evidence(GOOD, dispatch="PIECEWISE", builder_class="prefill")
+    assert AloneMatchRule().evaluate(piecewise).result == "PASS"
+
+
+def test_a_stale_replay_fails_where_the_workload_was_otherwise_inconclusive() -> None:
+    ev = _new_row_evidence(GOOD, dispatch="FULL", builder_class="prefill", recycled=False)
+    verdict = AloneMatchRule().evaluate(ev)
+    assert verdict.result == "FAIL" and "(and: no subject request got a recycled" in verdict.reason
+
+
 def test_alone_match_is_inconclusive_without_a_recycled_slot() -> None:
-    verdict = AloneMatchRule().evaluate(_new_row_evidence(tuple(range(200, 212)), recycled=False))
+    verdict = AloneMatchRule().evaluate(_new_row_evidence(GOOD, recycled=False))
     assert verdict.result == "INCONCLUSIVE" and "recycled" in verdict.reason
+    flat = AloneMatchRule().evaluate(_new_row_evidence(GOOD, fit=False))
+    assert flat.result == "INCONCLUSIVE" and flat.reason.startswith("model unfit")

@@ -65,6 +65,7 @@ def test_new_rows_on_recycled_slots(tmp_path: Path, site: Path) -> None:
     eager, graphs = half.results
     assert eager.result == "PASS", eager.reason
     assert graphs.result == "FAIL" and graphs.stale_replays > 0
+    assert graphs.reason.startswith("the runner replayed the FULL decode graph"), graphs.reason
     fixed = suite(tmp_path, site, ["pr51565-full-graphs"], FAKE_VLLM_NEW_ROW="fixed")
     assert fixed.results[0].result == "PASS" and fixed.results[0].stale_replays == 0
 

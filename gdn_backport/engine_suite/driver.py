@@ -201,9 +201,12 @@ class Session:
                     f"workload {workload.name}: not finished after {MAX_STEPS} steps"
                 )
             self.recorder.step = step
+            self.recorder.step_dispatch = None
+            cpu = time.process_time()
             start = time.perf_counter()
             outputs = engine.step()
             seconds = time.perf_counter() - start
+            cpu = time.process_time() - cpu
             made = firsts = 0
             for out in outputs:
                 t = tracked.get(str(out.request_id)[len(prefix) :])
@@ -212,7 +215,18 @@ class Session:
                 new, had = self._collect(t, out, step)
                 made += new
                 firsts += bool(new and had == 0)
-            timing.append({"step": step, "s": round(seconds, 6), "tokens": made, "firsts": firsts})
+            # cpu_s: this process's CPU time (all threads) in the step: a
+            # wall time that grows without it is waiting (GPU, contention).
+            timing.append(
+                {
+                    "step": step,
+                    "s": round(seconds, 6),
+                    "cpu_s": round(cpu, 6),
+                    "tokens": made,
+                    "firsts": firsts,
+                    "dispatch": self.recorder.step_dispatch,
+                }
+            )
             step += 1
         self.recorder.step = None
         self.next_step = step

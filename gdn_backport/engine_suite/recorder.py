@@ -258,6 +258,9 @@ class Recorder:
     group_kinds: list[str] = field(default_factory=list)
     runner_class: str | None = None
     on_first_step: list[Callable[[Any], None]] = field(default_factory=list)
+    # The first CUDA-graph mode dispatched in the latest step (the target
+    # model's; a drafter's forward may dispatch again).
+    step_dispatch: str | None = None
 
     def __post_init__(self) -> None:
         self._ctx = _Context()
@@ -281,6 +284,7 @@ class Recorder:
 
     def enter_step(self, runner: Any, scheduler_output: Any) -> None:
         self._ctx.runner = runner
+        self.step_dispatch = None
         self._ctx.tokens = None
         if not self._started:
             self._started = True
@@ -298,9 +302,16 @@ class Recorder:
         self._ctx.tokens = None
 
     def on_dispatch(self, result: Any) -> None:
+        if not (isinstance(result, tuple) and result):
+            return
+        mode = _mode_name(result[0])
+        # Kept with recording off too: throughput runs time each step by the
+        # CUDA-graph mode it ran with (a lost FULL replay shows as PIECEWISE).
+        if self.step_dispatch is None:
+            self.step_dispatch = mode
         record = self._ctx.step
-        if record is not None and isinstance(result, tuple) and result:
-            record.dispatch = _mode_name(result[0])
+        if record is not None:
+            record.dispatch = mode
 
     def on_build(self, builder: Any, arguments: Mapping[str, Any], result: Any) -> None:
         if not self.enabled:

@@ -33,7 +33,8 @@ class ScenarioResult:
     mixed: int = 0
     misordered: int = 0
     new_rows: dict[str, int] = field(default_factory=dict)  # builder class -> requests
-    stale_replays: int = 0
+    stale_replays: int = 0  # builds (one per GDN KV-cache group and step)
+    stale_steps: int = 0  # engine steps with a stale FULL replay
     recycled: int = 0
     tagged: Aggregate = _EMPTY
     clean: Aggregate = _EMPTY
@@ -65,6 +66,7 @@ class ScenarioResult:
             "misordered_per_1000": round(self.per_1000, 2),
             "new_rows": self.new_rows,
             "stale_replays": self.stale_replays,
+            "stale_steps": self.stale_steps,
             "recycled": self.recycled,
             "tagged": self.tagged.to_json(),
             "clean": self.clean.to_json(),
@@ -149,7 +151,8 @@ class EngineReport:
                 f"  builds {r.builds} in steps ({r.other_builds.get('capture', 0)} capture, "
                 f"{r.other_builds.get('other', 0)} other), {r.mixed} mixed, {r.misordered} "
                 f"misordered ({r.per_1000:.1f}/1000); new one-token rows {r.new_rows or 0}, "
-                f"recycled slots {r.recycled}, stale FULL replays {r.stale_replays}"
+                f"recycled slots {r.recycled}, stale FULL replays {r.stale_replays} builds in "
+                f"{r.stale_steps} steps"
             )
             if r.post_mixed.count:
                 lines.append(

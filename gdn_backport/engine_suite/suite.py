@@ -14,6 +14,8 @@ several variants of one install and score them all with one reference.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import sys
 import time
@@ -26,7 +28,12 @@ from gdn_backport.engine_suite import preflight
 from gdn_backport.engine_suite.cache import JsonCache, key
 from gdn_backport.engine_suite.config import EngineConfig
 from gdn_backport.engine_suite.gates import verdict as gate_verdict
-from gdn_backport.engine_suite.model import ARCHITECTURE, MTP_ARCHITECTURE, write_model_dir
+from gdn_backport.engine_suite.model import (
+    ARCHITECTURE,
+    MTP_ARCHITECTURE,
+    ModelShape,
+    write_model_dir,
+)
 from gdn_backport.engine_suite.process import ChildResult, child_env, run_child
 from gdn_backport.engine_suite.recorder import BuildRecord, StepRecord
 from gdn_backport.engine_suite.report import EngineReport, ScenarioResult
@@ -42,16 +49,19 @@ from gdn_backport.engine_suite.scoring import (
     union,
     worst,
 )
+from gdn_backport.engine_suite.weights import WeightRules
 from gdn_backport.engine_suite.workload import Request, Workload
 
 __all__ = [
     "Context",
     "ScenarioRun",
     "Variant",
+    "as_run",
     "evaluate",
     "run_engine_suite",
     "run_engines",
     "score_references",
+    "stored_run",
 ]
 
 REFERENCE_TIMEOUT_S = 420.0
@@ -179,7 +189,9 @@ def run_engines(
     return out
 
 
-def _alone(sr: ScenarioRun, ctx: Context) -> dict[str, Any] | None:
+def _alone_job(sr: ScenarioRun) -> tuple[str, Workload] | None:
+    """The cache key and workload of a run's alone run; None when its rule
+    wants none (or the run has no result)."""
     scenario = sr.scenario
     roles = scenario.rule.alone_roles
     if not roles or scenario.alone is None or sr.run is None or not sr.run.ok:
@@ -195,6 +207,17 @@ def _alone(sr: ScenarioRun, ctx: Context) -> dict[str, Any] | None:
         return None
     workload = Workload(f"{scenario.name}-alone", subjects)
     k = key("alone", _model_key(scenario), scenario.alone.to_json(), workload.to_json())
+    return k, workload
+
+
+def _alone(sr: ScenarioRun, ctx: Context) -> dict[str, Any] | None:
+    found = _alone_job(sr)
+    if found is None:
+        return None
+    k, workload = found
+    scenario = sr.scenario
+    assert scenario.alone is not None
+    subjects = workload.requests
     cached = ctx.cache.get(k)
     if isinstance(cached, dict):
         return cached
@@ -211,6 +234,53 @@ def _alone(sr: ScenarioRun, ctx: Context) -> dict[str, Any] | None:
     data = {"requests": child.result["requests"]}
     ctx.cache.put(k, data)
     return data
+
+
+def as_run(scenario: EngineScenario, spec: Mapping[str, Any]) -> EngineScenario:
+    """``scenario`` with the engine, workload, model and seed a stored run
+    spec says were run (its rule stays the current one): a scenario
+    redesigned since is still scored on what actually ran."""
+    return dataclasses.replace(
+        scenario,
+        engine=EngineConfig.from_json(dict(spec["engine"])),
+        workload=Workload.from_json(dict(spec["job"]["workload"])),
+        model=ModelShape.from_json(dict(spec["model"])),
+        weights=WeightRules.from_json(dict(spec["weights"])),
+        seed=int(spec["seed"]),
+    )
+
+
+def stored_run(scenario: EngineScenario, variant: Variant, ctx: Context) -> ScenarioRun | None:
+    """The run of ``scenario`` under ``variant`` that an earlier call left in
+    ``ctx.workdir`` (its alone run from the cache), without starting
+    anything; None when there is no stored result. Offline rescoring."""
+    folder = ctx.workdir / "runs" / variant.name / scenario.name
+    result_path, spec_path = folder / "run.result.json", folder / "run.spec.json"
+    try:
+        result = json.loads(result_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(result, dict):
+        return None
+    if spec_path.exists():
+        scenario = as_run(scenario, json.loads(spec_path.read_text(encoding="utf-8")))
+    error = None if result.get("ok") else str(result.get("error") or "the stored run failed")
+    child = ChildResult(
+        "run",
+        0,
+        result,
+        error,
+        0.0,
+        folder / "run.stdout.txt",
+        folder / "run.stderr.txt",
+        reused=True,
+    )
+    sr = ScenarioRun(scenario, variant, child)
+    job = _alone_job(sr)
+    if job is not None:
+        cached = ctx.cache.get(job[0])
+        sr.alone = cached if isinstance(cached, dict) else {"error": "no stored alone run"}
+    return sr
 
 
 def _ref_key(scenario: EngineScenario, prompt: Sequence[int], tokens: Sequence[int]) -> str:
@@ -353,6 +423,7 @@ def evaluate(sr: ScenarioRun, ctx: Context, reference_error: str | None = None) 
             classes[e.new_row_class] = classes.get(e.new_row_class, 0) + 1
     base.new_rows = classes
     base.stale_replays = sum(b.stale_replay for b in builds)
+    base.stale_steps = len({b.step for b in builds if b.stale_replay})
     base.recycled = len({rid for s in steps for rid in s.recycled})
     base.tagged, base.clean, base.ratio = tagged, clean, ratio
     base.post_mixed = post_mixed(scores, events)

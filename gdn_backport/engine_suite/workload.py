@@ -31,6 +31,7 @@ __all__ = [
     "pr_recipe",
     "prefix_hit",
     "production",
+    "production_mixed",
     "prompt_tokens",
     "throughput",
 ]
@@ -166,6 +167,86 @@ def production(
             )
         )
     return Workload("production", tuple(requests))
+
+
+def production_mixed(
+    seed: int,
+    vocab: tuple[int, int],
+    max_model_len: int = 1280,
+    streams: int = 6,
+    shared_prefix: int = 320,
+    gap: int = 3,
+    pairs: int = 6,
+    pair_start: int = 30,
+    pair_gap: int = 10,
+    prefix_blocks: int = 2,
+    limit_streams: int = 8,
+    limit_gap: int = 5,
+) -> Workload:
+    """The production shape (streams sharing a cached system prompt) with
+    the two kinds of traffic that put a non-spec token before a spec row in
+    vLLM 0.25.1 under prefix caching (mamba "align") and MTP drafts; the
+    first design (:func:`production`) had neither and saw no misordered
+    build on the H200.
+
+    Follow-up pairs: after a source request that shares the system prompt
+    has finished (its prefill cached the mamba state at ``prefix_blocks``
+    whole blocks: its prompt is 1 to 2 blocks longer), two follow-ups repeat
+    those blocks and add 2-3 tokens and 1 token. Both are admitted in one
+    step while every running request decodes: the first runs as a 2-3 token
+    chunk after its hit (no drafts); the second has one token left, which
+    the scheduler pads to ``1 + k`` tokens with placeholder drafts ("Pad new
+    decode requests to uniform spec decoding size", scheduler.py schedule())
+    so it is a spec row, and the runner's reorder keeps both in the
+    short-extend region in batch order: a spec row behind non-spec tokens.
+
+    Conversations that run into the context limit: prompts ``24..48``
+    tokens short of ``max_model_len``, unbounded outputs; the scheduler caps
+    a request's tokens at ``max_model_len - computed - 1``, so its last step
+    is one token without drafts, a decode row before the spec rows of the
+    conversations that arrived after it.
+
+    Phases do not overlap (a pair must find no running prefill chunk, or no
+    pad happens): streams arrive first, then one pair every ``pair_gap``
+    steps, then the long conversations."""
+    rng = random.Random(seed)
+    system = prompt_tokens(seed, "system", shared_prefix, vocab)
+    out: list[Request] = []
+    for i in range(streams):
+        own = prompt_tokens(seed, f"s{i}", rng.randrange(8, 600), vocab)
+        out.append(
+            Request(f"s{i}", system + own, max_tokens=rng.randrange(120, 160), arrival=i * gap)
+        )
+    for j in range(pairs):
+        # The source's prompt ends 1..2 blocks (0.25.1: 144 tokens) past the
+        # shared prefix: its force-cached chunk then ends on that boundary.
+        own = prompt_tokens(seed, f"src{j}", rng.randrange(113, 255), vocab)
+        src = f"src{j}"
+        out.append(
+            Request(
+                src, system + own, max_tokens=2, arrival=pair_start + j * pair_gap, role="source"
+            )
+        )
+        for tail, name in ((rng.randrange(2, 4), f"fa{j}"), (1, f"fb{j}")):
+            out.append(
+                Request(
+                    name,
+                    prompt_tokens(seed, name, tail, vocab),
+                    max_tokens=24,
+                    after=src,
+                    arrival=1,
+                    prefix_of=src,
+                    prefix_blocks=prefix_blocks,
+                )
+            )
+    start = pair_start + pairs * pair_gap + 5
+    for i in range(limit_streams):
+        length = max_model_len - rng.randrange(24, 48) - shared_prefix
+        own = prompt_tokens(seed, f"L{i}", length, vocab)
+        out.append(
+            Request(f"L{i}", system + own, max_tokens=max_model_len, arrival=start + i * limit_gap)
+        )
+    return Workload("production-mixed", tuple(out))
 
 
 def misorder_rich(
