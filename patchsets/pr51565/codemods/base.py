@@ -142,6 +142,8 @@ class FindingCodemod(VisitorCommand):
         self.facts, self.source = within.facts, within.source
         self.todo = {f.function: f for f in within.findings if f.kind == self.KIND}
         self.done = set()
+        # An earlier run that refused mid-walk left its place behind.
+        self._classes, self._functions = [], []
         if not self.todo:
             raise SkipFile(f"no {self.KIND} site to fix")
         new = super().transform_module_impl(tree)
