@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from gdn_backport import __version__, atomic, files
 from gdn_backport.errors import UsageError
 from gdn_backport.records import Record, Records, sha256
-from gdn_backport.result import Failure
+from gdn_backport.result import Failure, Success, attempt
 from gdn_backport.site import Site, Status
 from gdn_backport.tree import Tree, relative, tree_root
 
@@ -325,7 +325,7 @@ def apply(
     with lock:
         plans: list[tuple[Patchset, Plan]] = []
         for ps in chosen:
-            plan = ps.plan(tree, ps.strategy(strategy), mode)
+            plan = _plan(ps, tree, ps.strategy(strategy), mode)
             plans.append((ps, plan))
             tree.overlay.update(plan.texts)
         found = leftovers_of(tree)
@@ -363,6 +363,19 @@ def apply(
             for _, out in results:
                 out.leftovers = [relative(p, tree.root) for p in found]
         return results
+
+
+def _plan(ps: Patchset, tree: Tree, strategy: str, mode: Mode) -> Plan:
+    """``ps``'s plan; one that raised what nobody planned for is that
+    plan's refusal (its traceback kept), never a crash of the run."""
+    tried = attempt(lambda: ps.plan(tree, strategy, mode), f"the plan of patchset {ps.info.id}")
+    if isinstance(tried, Success):
+        return tried.value
+    failure = tried if isinstance(tried, Failure) else Failure(tried.reason)
+    out = Outcome(tree.root)
+    out.refuse(relative(tree.path, tree.root) if tree.path != tree.root else ".", failure)
+    conclude(out, mode, False)
+    return Plan(out, strategy=strategy)
 
 
 def _clean_leftovers(results: Results, found: list[Path]) -> None:
