@@ -44,7 +44,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,10 +64,8 @@ from gdn_backport.harness.loader import HarnessError, LoadedTree, load_tree
 from gdn_backport.harness.reference import reference_step
 from gdn_backport.harness.result import ScenarioResult, tolerance
 from gdn_backport.harness.standins import _ConfigNode, is_stub
+from gdn_backport.harness.suite import SuiteError, SuiteReport
 from gdn_backport.site import Site, Status
-
-if TYPE_CHECKING:
-    from gdn_backport.verify import VerifyReport
 
 __all__ = [
     "BUILDER_SCENARIOS",
@@ -932,10 +930,8 @@ class BuilderSuite:
         heads: tuple[int, int, int] | None,
         self_consistency: bool,
         patch: Callable[[types.ModuleType], object] | None,
-        report: VerifyReport,
+        report: SuiteReport,
     ) -> list[ScenarioResult]:
-        from gdn_backport.verify import SuiteError
-
         try:
             return run_builder_suite(tree, device, names, seed=seed)
         except HarnessError as exc:

@@ -31,7 +31,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -49,13 +49,11 @@ from gdn_backport.harness.layer import (
 from gdn_backport.harness.loader import LoadedTree
 from gdn_backport.harness.reference import reference_step
 from gdn_backport.harness.result import ScenarioResult, tolerance
+from gdn_backport.harness.suite import SuiteError, SuiteReport, triton_problem
 from gdn_backport.site import Site, Status
 
 from .metadata import build_metadata, metadata_fields
 from .scenarios import Scenario
-
-if TYPE_CHECKING:
-    from gdn_backport.verify import VerifyReport
 
 __all__ = ["ScenarioResult", "SuiteRunner"]
 
@@ -340,11 +338,10 @@ class LayerSuite:
         heads: tuple[int, int, int] | None,
         self_consistency: bool,
         patch: Callable[[types.ModuleType], object] | None,
-        report: VerifyReport,
+        report: SuiteReport,
     ) -> list[ScenarioResult]:
         from gdn_backport.harness.layer import LayerShape
         from gdn_backport.harness.loader import HarnessError, load_tree
-        from gdn_backport.verify import SuiteError, triton_problem
 
         from .scenarios import SCENARIOS, scenario
 
