@@ -106,7 +106,9 @@ def verify_tree(
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
 
-    dtype = torch.float16 if device.startswith("cpu") else torch.bfloat16
+    from gdn_backport.harness.layer import activation_dtype
+
+    dtype = activation_dtype(device)
     report = VerifyReport(
         tree=str(tree), site="", device=device, dtype=str(dtype).replace("torch.", "")
     )
