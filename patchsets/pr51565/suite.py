@@ -401,12 +401,10 @@ def run_builder_suite(
             f"unknown builder scenario(s) {', '.join(unknown)}; "
             f"known: {', '.join(BUILDER_SCENARIOS)}"
         )
-    tree = Path(tree)
-    if not (tree / "vllm").is_dir() and tree.name == "vllm" and (tree / "__init__.py").is_file():
-        tree = tree.parent  # the vllm/ package itself was given: its root
     if device.startswith("cpu"):
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    loaded = load_builder_tree(tree, device)
+    # load_tree takes the vllm/ package itself too (its root is the tree).
+    loaded = load_builder_tree(Path(tree), device)
     runner = BuilderRunner(loaded, torch.device(device), shape=shape, seed=seed)
     return [runner.run_scenario(BUILDER_SCENARIOS[n]) for n in names]
 
