@@ -140,6 +140,8 @@ def _stage(
         walks=_walks_into(scanned.analysis, rel),
         module_key=rel,
     )
+    # rewrite() is libcst's transform_module plus the sites it rewrote (the
+    # proof needs them); attempt() reads its outcome as libcst's runner would.
     tried = attempt(lambda: codemod.rewrite(cst.parse_module(text)), type(codemod).__name__)
     if isinstance(tried, Failure):
         out.refuse(rel, tried)
