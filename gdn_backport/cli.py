@@ -484,6 +484,9 @@ def _print_outcome(
             print(note)
     for path, reason in out.refused:
         print(f"gdn-backport: {out.tree / path}: {reason}", file=sys.stderr)
+    if out.tracebacks and _show_tracebacks():
+        for trace in out.tracebacks.values():
+            print(trace, end="" if trace.endswith("\n") else "\n", file=sys.stderr)
     if out.leftovers_removed:
         if not as_json:
             n = len(out.leftovers)
@@ -492,6 +495,12 @@ def _print_outcome(
     elif not out.refused:
         _warn(_leftovers_warning(out.tree, out.leftovers))
     return code
+
+
+def _show_tracebacks() -> bool:
+    from gdn_backport.result import show_tracebacks
+
+    return show_tracebacks()
 
 
 def _leftovers_warning(root: Path, left: Sequence[str]) -> str:

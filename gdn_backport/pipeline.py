@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from gdn_backport import __version__, atomic, files
 from gdn_backport.errors import UsageError
 from gdn_backport.records import Record, Records, sha256
+from gdn_backport.result import Failure, Success, attempt
 from gdn_backport.site import Site, Status
 from gdn_backport.tree import Tree, relative, tree_root
 
@@ -79,6 +80,15 @@ class Outcome:
     # writing run that went through (under the lock), else only reported.
     leftovers: list[str] = field(default_factory=list)
     leftovers_removed: bool = False
+    # A refused path -> the traceback of the internal error refused there
+    # (--json carries it; GDN_BACKPORT_TRACEBACK=1 prints it).
+    tracebacks: dict[str, str] = field(default_factory=dict)
+
+    def refuse(self, path: str, failure: Failure) -> None:
+        """Refuse ``path`` for ``failure``'s reason, keeping its traceback."""
+        self.refused.append((path, failure.reason))
+        if failure.traceback is not None:
+            self.tracebacks[path] = failure.traceback
 
     @property
     def exit_code(self) -> int:
@@ -91,7 +101,11 @@ class Outcome:
             "tree": str(self.tree),
             "sites": [c.to_json() for c in self.changes],
             "diff": self.diff,
-            "refused": [{"path": p, "reason": r} for p, r in self.refused],
+            "refused": [
+                {"path": p, "reason": r}
+                | ({"traceback": self.tracebacks[p]} if p in self.tracebacks else {})
+                for p, r in self.refused
+            ],
             "written": self.written,
             "message": self.message,
             "exit_code": self.exit_code,
@@ -311,7 +325,7 @@ def apply(
     with lock:
         plans: list[tuple[Patchset, Plan]] = []
         for ps in chosen:
-            plan = ps.plan(tree, ps.strategy(strategy), mode)
+            plan = _plan(ps, tree, ps.strategy(strategy), mode)
             plans.append((ps, plan))
             tree.overlay.update(plan.texts)
         found = leftovers_of(tree)
@@ -351,6 +365,19 @@ def apply(
         return results
 
 
+def _plan(ps: Patchset, tree: Tree, strategy: str, mode: Mode) -> Plan:
+    """``ps``'s plan; one that raised what nobody planned for is that
+    plan's refusal (its traceback kept), never a crash of the run."""
+    tried = attempt(lambda: ps.plan(tree, strategy, mode), f"the plan of patchset {ps.info.id}")
+    if isinstance(tried, Success):
+        return tried.value
+    failure = tried if isinstance(tried, Failure) else Failure(tried.reason)
+    out = Outcome(tree.root)
+    out.refuse(relative(tree.path, tree.root) if tree.path != tree.root else ".", failure)
+    conclude(out, mode, False)
+    return Plan(out, strategy=strategy)
+
+
 def _clean_leftovers(results: Results, found: list[Path]) -> None:
     """A writing run that went through (it holds the lock: nothing else of
     ours is writing) removes what an interrupted run left."""
@@ -376,6 +403,7 @@ def merged(results: Results, root: Path) -> Outcome:
         out.changes += one.changes
         out.diff += one.diff
         out.refused += [(p, f"{ps.info.id}: {r}" if several else r) for p, r in one.refused]
+        out.tracebacks.update(one.tracebacks)
         out.written += [w for w in one.written if w not in out.written]
         out.leftovers = sorted({*out.leftovers, *one.leftovers})
         out.leftovers_removed = out.leftovers_removed or one.leftovers_removed

@@ -26,6 +26,8 @@ from gdn_backport import tomlfile
 from gdn_backport.errors import UsageError
 
 if TYPE_CHECKING:
+    from libcst.codemod import CodemodCommand
+
     from gdn_backport.pipeline import Mode, Plan
     from gdn_backport.site import Site
     from gdn_backport.tree import Tree
@@ -89,26 +91,33 @@ class Patchset:
         default (``--strategy kernel`` is one patchset's; the others use theirs)."""
         return asked if asked in self.info.strategies else self.info.strategies[0]
 
-    def codemods(self) -> dict[str, Any]:
-        """Strategy -> its codemod (a ``libcst.codemod.CodemodCommand`` class
-        carrying its ``DESCRIPTION`` and examples), as the ``[codemods]``
-        table of ``patchset.toml`` names it (a dotted ``module.Class``)."""
+    def codemods(self) -> dict[str, tuple[type[CodemodCommand], ...]]:
+        """Strategy -> its codemods, in the order they run: libcst
+        ``CodemodCommand`` classes carrying their ``DESCRIPTION`` and
+        examples, as the ``[codemods]`` table of ``patchset.toml`` names them
+        (a dotted ``module.Class``, or a list of them)."""
+        from libcst.codemod import CodemodCommand
+
+        where = f"{self.info.where}: codemods"
         table = tomlfile.get(self.info.data, "codemods", dict, self.info.where, default={})
-        out: dict[str, Any] = {}
-        for strategy, target in table.items():
-            if not tomlfile.dotted(target):
-                raise UsageError(f"{self.info.where}: codemods: {strategy} must be a dotted name")
-            try:
-                out[strategy] = importlib.import_module(target)
-            except ModuleNotFoundError:
-                module, _, name = str(target).rpartition(".")
-                out[strategy] = getattr(importlib.import_module(module), name)
+        out: dict[str, tuple[type[CodemodCommand], ...]] = {}
+        for strategy, targets in table.items():
+            names = targets if isinstance(targets, list) else [targets]
+            if not names or not all(tomlfile.dotted(t) and "." in t for t in names):
+                raise UsageError(f"{where}: {strategy} must be a dotted module.Class or a list")
+            classes = []
+            for target in names:
+                module, _, name = target.rpartition(".")
+                cls = getattr(importlib.import_module(module), name, None)
+                if not (isinstance(cls, type) and issubclass(cls, CodemodCommand)):
+                    raise UsageError(f"{where}: {target} is not a libcst CodemodCommand class")
+                classes.append(cls)
+            out[strategy] = tuple(classes)
         return out
 
     def describe(self, strategy: str) -> str:
-        """``strategy (what it does)``, from its codemod's ``DESCRIPTION``."""
-        codemod = self.codemods().get(strategy)
-        what = getattr(codemod, "DESCRIPTION", "") if codemod is not None else ""
+        """``strategy (what it does)``, from its codemods' ``DESCRIPTION``."""
+        what = "; ".join(c.DESCRIPTION for c in self.codemods().get(strategy, ()) if c.DESCRIPTION)
         return f"{strategy} ({what})" if what else strategy
 
     # -- the rewriter -------------------------------------------------------

@@ -20,55 +20,22 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from gdn_backport import registry
 from gdn_backport.harness.result import ScenarioResult
-from gdn_backport.site import Site
+from gdn_backport.harness.suite import TRITON_TOO_NEW, Suite, SuiteError, triton_problem
 
-__all__ = ["ScenarioResult", "Suite", "SuiteError", "VerifyReport", "triton_problem", "verify_tree"]
-
-
-class SuiteError(Exception):
-    """A suite cannot drive this tree (its code is missing or not loadable):
-    the reason, for the report."""
-
-
-class Suite(Protocol):
-    """What a patchset's suite offers ``verify`` (:meth:`registry.Patchset.suite`)."""
-
-    # Every scenario name it knows (``--scenario`` picks among all suites').
-    names: tuple[str, ...]
-    # Whether a ``patch`` of the loaded layer module (the runtime plugin's
-    # in-memory rewrite) is what this suite proves.
-    patches_layer: bool
-
-    def run(
-        self,
-        tree: Path,
-        device: str,
-        names: Sequence[str] | None,
-        *,
-        seed: int,
-        heads: tuple[int, int, int] | None,
-        self_consistency: bool,
-        patch: Callable[[types.ModuleType], object] | None,
-        report: VerifyReport,
-    ) -> list[ScenarioResult]:
-        """The rows of ``names`` (None: the suite's default set); SuiteError
-        when the tree lacks what it drives. ``report.site`` may be set."""
-        ...
-
-    def cell_scenarios(self, device: str) -> Sequence[str]:
-        """What a matrix cell runs on ``device``."""
-        ...
-
-    def expected_failures(
-        self, names: Sequence[str], sites: Sequence[Site]
-    ) -> tuple[frozenset[str], frozenset[str]]:
-        """Of ``names``, those that must fail on a tree with these (its own
-        patchset's, unpatched) sites, and those that may: the mutation check."""
-        ...
+# The suites' contract lives in the harness (harness/suite.py: the suites
+# import it from there, not from here); it is named here for verify's callers.
+__all__ = [
+    "TRITON_TOO_NEW",
+    "ScenarioResult",
+    "Suite",
+    "SuiteError",
+    "VerifyReport",
+    "triton_problem",
+    "verify_tree",
+]
 
 
 @dataclass
@@ -114,29 +81,6 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-# The first Triton that cannot run vLLM's FLA kernels: 3.9 removed block
-# pointers (tl.make_block_ptr). pyproject's `kernels` extra pins triton below
-# it; a test holds the two together.
-TRITON_TOO_NEW = (3, 9)
-
-
-def triton_problem() -> str:
-    """Why the installed Triton cannot run vLLM's FLA kernels, or ""."""
-    try:
-        import triton
-    except ImportError:
-        return "triton is not installed"
-    from packaging.version import Version
-
-    if Version(triton.__version__).release >= TRITON_TOO_NEW:
-        bound = ".".join(map(str, TRITON_TOO_NEW))
-        return (
-            f"triton {triton.__version__} removed block pointers (tl.make_block_ptr), which "
-            f"vLLM's FLA kernels use; install triton<{bound} (vLLM's releases pin 3.x <= 3.6)"
-        )
-    return ""
-
-
 def verify_tree(
     tree: Path,
     device: str = "cpu",
@@ -162,7 +106,9 @@ def verify_tree(
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
 
-    dtype = torch.float16 if device.startswith("cpu") else torch.bfloat16
+    from gdn_backport.harness.layer import activation_dtype
+
+    dtype = activation_dtype(device)
     report = VerifyReport(
         tree=str(tree), site="", device=device, dtype=str(dtype).replace("torch.", "")
     )

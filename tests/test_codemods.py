@@ -1,4 +1,11 @@
-"""Every codemod's own examples: rewrites, unchanged inputs, refusals."""
+"""Every codemod's own examples: rewrites, unchanged inputs, refusals.
+
+The codemods come from the registry (every patchset's ``[codemods]``
+table), so a new patchset's are run with no edit here. Each runs as under
+``python -m libcst.tool codemod``: built with its ``EXAMPLE_ARGS`` alone,
+on the example's text alone (``tests/test_codemod_commands.py`` runs the
+tool itself).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import ast
 import pytest
 from libcst.codemod import (
     Codemod,
+    CodemodCommand,
     TransformFailure,
     TransformSkip,
     TransformSuccess,
@@ -15,12 +23,12 @@ from libcst.codemod import (
 
 from gdn_backport import registry
 
-# Every patchset's codemod classes, by strategy.
+# Every patchset's codemod classes, by "<patchset>.<Class>".
 CODEMODS = {
-    name: cls
+    f"{ps.info.id}.{cls.__name__}": cls
     for ps in registry.discover()
-    for name, cls in ps.codemods().items()
-    if isinstance(cls, type)
+    for classes in ps.codemods().values()
+    for cls in classes
 }
 
 
@@ -60,12 +68,20 @@ def test_unchanged(name: str, source: str) -> None:
 def test_refuses(name: str, example: tuple[str, str]) -> None:
     source, reason = example
     result = _run(name, source)
-    assert isinstance(result, TransformFailure)
+    assert isinstance(result, TransformFailure), result
     assert reason in str(result.error)
 
 
 def test_every_codemod_has_examples() -> None:
+    """Every strategy of every patchset has codemods, and each is a libcst
+    command that carries its description and every kind of example."""
+    for ps in registry.discover():
+        for strategy in ps.info.strategies:
+            assert ps.codemods().get(strategy), f"{ps.info.id}: {strategy} has no codemod"
+    assert {name.split(".")[0] for name in CODEMODS} == set(registry.available())
     for name, cls in CODEMODS.items():
-        assert cls.DESCRIPTION, name
-        assert getattr(cls, "REWRITES", ()), f"{name} has no REWRITES examples"
-        assert getattr(cls, "UNCHANGED", ()), f"{name} has no UNCHANGED examples"
+        assert issubclass(cls, CodemodCommand), name
+        assert cls.DESCRIPTION and cls.DESCRIPTION != CodemodCommand.DESCRIPTION, name
+        assert cls.__doc__, f"{name} has no docstring"
+        for kind in ("REWRITES", "UNCHANGED", "REFUSES"):
+            assert getattr(cls, kind, ()), f"{name} has no {kind} examples"

@@ -20,11 +20,14 @@ the core; :func:`run_method` stands in for those per step (see there).
 from __future__ import annotations
 
 import ast
+import contextlib
+import dataclasses
 import functools
 import inspect
 import textwrap
 import types
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,12 +37,18 @@ from torch import nn
 from gdn_backport.harness.loader import HarnessError, LoadedTree
 
 __all__ = [
+    "PREFIX",
     "LayerReads",
     "LayerShape",
+    "LayerTensors",
+    "activation_dtype",
     "build_layer",
+    "forward_step",
+    "make_tensors",
     "run_method",
     "self_attributes",
     "ssm_layout",
+    "step_inputs",
 ]
 
 PREFIX = "model.layers.0.linear_attn"
@@ -76,6 +85,35 @@ class LayerShape:
     @property
     def conv_state_len(self) -> int:
         return self.conv_kernel - 1 + self.num_spec
+
+    def output(self, num_tokens: int, device: torch.device) -> torch.Tensor:
+        """The core output buffer of one step, ``(T, HV, V)``, zeroed."""
+        return torch.zeros(
+            num_tokens, self.num_v_heads, self.head_v_dim, dtype=self.dtype, device=device
+        )
+
+
+def activation_dtype(device: str | torch.device) -> torch.dtype:
+    """float16 on CPU (the FLA chunk kernels refuse float32, and Triton's
+    interpreter computes bfloat16 arithmetic on raw bits), bfloat16 on CUDA."""
+    return torch.float16 if str(device).startswith("cpu") else torch.bfloat16
+
+
+def step_inputs(
+    shape: LayerShape, num_tokens: int, device: torch.device, seed: int, strided: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step's ``(mixed_qkv, a, b)``, drawn in float64 from ``seed`` and
+    cast. The gates are spread over the softplus/sigmoid range so that every
+    token's gates differ visibly from its neighbours'; ``strided``: ``a`` and
+    ``b`` left as the halves of one tensor, as the layer's projection makes them."""
+    gen = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(num_tokens, shape.conv_dim, generator=gen, dtype=torch.float64)
+    ba = torch.randn(num_tokens, 2 * shape.num_v_heads, generator=gen, dtype=torch.float64) * 2.0
+    qkv = qkv.to(shape.dtype).to(device)
+    b, a = ba.to(shape.dtype).to(device).chunk(2, dim=-1)
+    if not strided:
+        b, a = b.contiguous(), a.contiguous()
+    return qkv, a, b
 
 
 def _function_ast(fn: Any) -> ast.FunctionDef | None:
@@ -178,6 +216,12 @@ class LayerTensors:
     conv_pool: torch.Tensor  # (slots, state_len, conv_dim)
     ssm_pool: torch.Tensor  # (slots, HV, V, K) or (slots, HV, K, V)
     ssm_layout: str
+
+    def clone_pools(self) -> LayerTensors:
+        """The same weights with copies of the pools (what a step writes)."""
+        return dataclasses.replace(
+            self, conv_pool=self.conv_pool.clone(), ssm_pool=self.ssm_pool.clone()
+        )
 
 
 def make_tensors(
@@ -300,6 +344,22 @@ def build_layer(
         if value is not _UNSET:
             object.__setattr__(layer, name, value)
     return layer  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def forward_step(loaded: LoadedTree, layer: nn.Module, metadata: Any) -> Iterator[None]:
+    """Around one call of the site's method (the tree active): ``metadata``
+    as the forward context's, no autograd, and the noise of small shapes
+    hushed (the tree's wrappers' shape heuristics, NumPy overflow in
+    masked-off interpreter lanes)."""
+    with (
+        loaded.context.forward({PREFIX: metadata}, {PREFIX: layer}),
+        torch.no_grad(),
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
 
 
 # What _forward (before 0.11.1) reads around the core: set by run_method for

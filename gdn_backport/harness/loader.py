@@ -288,6 +288,31 @@ class LoadedTree:
                 self.modules[name] = sys.modules.pop(name)
             sys.modules.update(saved)
 
+    def load_source(self, name: str) -> types.ModuleType | None:
+        """One more of the tree's modules run from its source, in place of
+        its stand-in (for a suite that drives more of the tree than the
+        layer, such as its metadata builder); None where the tree
+        has no such file (older layouts). Call it with the tree active; a
+        module that fails to import leaves ``sys.modules`` as it was."""
+        path = self.tree.joinpath(*name.split(".")).with_suffix(".py")
+        if not path.is_file():
+            return None
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        previous = sys.modules.get(name)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception:
+            if previous is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = previous
+            raise
+        self.real.add(name)
+        return module
+
     def global_(self, name: str) -> Any:
         assert self.module is not None
         return self.module.__dict__[name]
@@ -308,8 +333,11 @@ def _check_interpreter(device: str) -> bool:
 
 
 def load_tree(tree: Path, device: str = "cpu", site: GdnSite | None = None) -> LoadedTree:
-    """Load ``tree``'s GDN module (the first site of :func:`find_gdn_sites`)."""
+    """Load ``tree``'s GDN module (the first site of :func:`find_gdn_sites`);
+    ``tree`` holds ``vllm/``, or is that ``vllm/`` package itself."""
     tree = Path(tree).resolve()
+    if not (tree / "vllm").is_dir() and tree.name == "vllm" and (tree / "__init__.py").is_file():
+        tree = tree.parent
     interpreted = _check_interpreter(device)
     if interpreted:
         from gdn_backport.harness.interpreter import patch_interpreter

@@ -34,7 +34,19 @@ import torch.nn.functional as F
 from gdn_backport.harness.batch import Batch, SlotMap
 from gdn_backport.harness.layer import LayerShape, LayerTensors
 
-__all__ = ["ReferenceStep", "reference_step"]
+__all__ = ["ReferenceStep", "max_abs_err", "reference_step"]
+
+
+def max_abs_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """The largest absolute difference, in float64 (NaN anywhere: inf, which
+    no tolerance passes; nothing to compare: 0)."""
+    diff = (
+        actual.detach().to(torch.float64) - expected.detach().to(actual.device, torch.float64)
+    ).abs()
+    if diff.numel() == 0:
+        return 0.0
+    worst = diff.max().item()
+    return float("inf") if worst != worst else float(worst)
 
 
 @dataclass

@@ -25,11 +25,13 @@ from torch import nn
 
 __all__ = [
     "STANDIN_BUILDERS",
+    "ConfigNode",
     "HarnessContext",
     "is_stub",
     "make_stub",
     "make_stub_module",
     "module_constants",
+    "vllm_config",
 ]
 
 
@@ -271,7 +273,7 @@ def _forward_context_module(ctx: HarnessContext) -> types.ModuleType:
     )
 
 
-class _ConfigNode(types.SimpleNamespace):
+class ConfigNode(types.SimpleNamespace):
     """A node of the stand-in config: a missing field names its path.
 
     The error is an ``AttributeError``, so ``getattr(cfg, name, default)``
@@ -289,26 +291,45 @@ class _ConfigNode(types.SimpleNamespace):
         raise AttributeError(f"gdn-backport harness: the config stand-in has no {path}.{name}")
 
 
-def _config_module(ctx: HarnessContext) -> types.ModuleType:
-    # The Triton/FLA prefill backend is the one the harness runs everywhere.
-    # The HF config has no fields: the tree's getattr(..., "linear_key_head_dim",
-    # None) probes (backend choice and its log line) see "unknown". Trees read
-    # it as hf_text_config or, in ChunkGatedDeltaRule's log, hf_config.
+# The sections of the config that are nodes (more fields merge into them).
+_SECTIONS = ("model_config", "cache_config", "compilation_config", "parallel_config")
+
+
+def vllm_config(**more: Any) -> ConfigNode:
+    """The harness's one vLLM config: the Triton/FLA prefill backend (the
+    one the harness runs everywhere), no prefix-caching checkpoints ("align":
+    the metadata fields of that feature stay None), no speculative decoding,
+    an HF config with no fields (the tree's ``getattr(...,
+    "linear_key_head_dim", None)`` probes, backend choice and its log line,
+    see "unknown"; trees read it as ``hf_text_config`` or, in
+    ChunkGatedDeltaRule's log, ``hf_config``). ``more``: a dict of fields
+    for a section (``cache_config={"block_size": 16}``), or a value for a
+    top-level field (``speculative_config=...``) that replaces it."""
     model = "vllm_config.model_config"
-    config = _ConfigNode(
-        "vllm_config",
-        additional_config={"gdn_prefill_backend": "triton"},
-        model_config=_ConfigNode(
-            model,
-            hf_config=_ConfigNode(f"{model}.hf_config"),
-            hf_text_config=_ConfigNode(f"{model}.hf_text_config"),
-        ),
-        speculative_config=None,
-        # No prefix-caching checkpoints ("align"): see metadata.FEATURE_OFF_FIELDS.
-        cache_config=_ConfigNode("vllm_config.cache_config", mamba_cache_mode="none"),
-        compilation_config=_ConfigNode("vllm_config.compilation_config"),
-        parallel_config=_ConfigNode("vllm_config.parallel_config"),
-    )
+    fields: dict[str, dict[str, Any]] = {
+        "model_config": {
+            "hf_config": ConfigNode(f"{model}.hf_config"),
+            "hf_text_config": ConfigNode(f"{model}.hf_text_config"),
+        },
+        "cache_config": {"mamba_cache_mode": "none"},
+        "compilation_config": {},
+        "parallel_config": {},
+    }
+    top: dict[str, Any] = {
+        "additional_config": {"gdn_prefill_backend": "triton"},
+        "speculative_config": None,
+    }
+    for name, value in more.items():
+        if name in _SECTIONS:
+            fields[name].update(value)
+        else:
+            top[name] = value
+    nodes = {name: ConfigNode(f"vllm_config.{name}", **f) for name, f in fields.items()}
+    return ConfigNode("vllm_config", **top, **nodes)
+
+
+def _config_module(ctx: HarnessContext) -> types.ModuleType:
+    config = vllm_config()
     return _with_stub_fallback(
         _module(
             "vllm.config",

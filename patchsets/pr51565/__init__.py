@@ -4,7 +4,8 @@
 - :mod:`.analysis`: builders and runner routes found and judged, by reading code;
 - :mod:`.codemods`: the builder rule and the runner guards (libcst);
 - :mod:`.plan`: scan and plan over a tree;
-- :mod:`.suite`: the tree's own metadata builder and layer, driven with new rows.
+- :mod:`.builder`: the tree's own metadata builder, driven as its runner drives it;
+- :mod:`.suite`: the scenarios (new rows) and their oracle, on that builder and the layer.
 """
 
 from __future__ import annotations

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import ast
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from gdn_backport import files
+from gdn_backport.codemod import run
 from gdn_backport.errors import Refusal, UsageError
 from gdn_backport.pipeline import Mode, Outcome, Plan, SiteChange, Staged, conclude, unified_diff
+from gdn_backport.result import Failure, Success
 from gdn_backport.site import Site, Status
 from gdn_backport.tree import Tree, relative
 
-from . import ID, codemods
+from . import ID, PATCHSET
 from .analysis import Finding, analyse_module, settle
-from .codemods import TreeFacts
+from .codemods.base import FindingCodemod, InTree, TreeFacts, facts_of
 from .config import Config, load
 
 STRATEGY = "reclassify"
@@ -97,33 +100,17 @@ def tree_facts(tree: Tree, root: Path, cfg: Config) -> TreeFacts | None:
     """The fields of the tree's ``CommonAttentionMetadata`` and the parameters
     of its split function, from their definitions; None if either is not
     found (several definitions: what all of them offer)."""
-    fields: set[str] | None = None
-    params: set[str] | None = None
-    replace_method = True
     cls_mark, fn_mark = b"class CommonAttentionMetadata", f"def {cfg.split}(".encode()
     walked = tree.walk() if root == tree.path else files.walk(root)
-    for file in walked.files:
-        with contextlib.suppress(OSError, UsageError):
-            data = tree.read(file)
-            if cls_mark not in data and fn_mark not in data:
-                continue
-            for node in tree.parse(file).body:
-                if isinstance(node, ast.ClassDef) and node.name == "CommonAttentionMetadata":
-                    names = {
-                        s.target.id
-                        for s in node.body
-                        if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
-                    }
-                    names |= {s.name for s in node.body if isinstance(s, ast.FunctionDef)}
-                    replace_method &= "replace" in names
-                    fields = names if fields is None else fields & names
-                elif isinstance(node, ast.FunctionDef) and node.name == cfg.split:
-                    a = node.args
-                    have = {p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]}
-                    params = have if params is None else params & have
-    if fields is None or params is None:
-        return None
-    return TreeFacts(frozenset(fields), frozenset(params), replace_method)
+
+    def defining() -> Iterator[ast.Module]:
+        for file in walked.files:
+            with contextlib.suppress(OSError, UsageError):
+                data = tree.read(file)
+                if cls_mark in data or fn_mark in data:
+                    yield tree.parse(file)
+
+    return facts_of(defining(), cfg.split)
 
 
 def _here(path: Path, root: Path) -> str:
@@ -191,8 +178,11 @@ def plan(tree: Tree, strategy: str, mode: Mode) -> Plan:
         text = tree.text(file)
         # An earlier patchset of this run rewrote the file: this layer starts there.
         original = files.encode(file, text, disk) if file in tree.overlay else disk
+        new = _rewrite(text, fs, facts, strategy)
+        if isinstance(new, Failure):
+            out.refuse(rel, new)
+            continue
         try:
-            new = codemods.rewrite(text, fs, cfg, facts)
             data = files.encode(file, new, disk)
         except Refusal as exc:
             out.refused.append((rel, exc.reason))
@@ -218,6 +208,26 @@ def plan(tree: Tree, strategy: str, mode: Mode) -> Plan:
     if out.refused:
         return Plan(out, strategy=strategy)
     return Plan(out, staged, strategy, texts)
+
+
+def _rewrite(
+    text: str, sites: list[Finding], facts: TreeFacts | None, strategy: str
+) -> str | Failure:
+    """``text`` with every site of ``sites`` fixed, each codemod of the
+    strategy in turn fixing its own kind; the first refusal otherwise."""
+    for codemod in PATCHSET.codemods()[strategy]:
+        assert issubclass(codemod, FindingCodemod), codemod
+        mine = tuple(f for f in sites if f.kind == codemod.KIND)
+        if not mine:
+            continue
+        result = run(codemod(within=InTree(mine, facts, text)), text)
+        if isinstance(result, Failure):
+            return result
+        if not isinstance(result, Success):
+            # Handed sites of its kind, a codemod that skips has missed them.
+            return Failure(f"{codemod.__name__} found none of the sites it was given")
+        text = result.value
+    return text
 
 
 def _prove(tree: Tree, scope: Path, texts: dict[Path, str], out: Outcome) -> None:
@@ -253,7 +263,5 @@ def apply_tree(
 ) -> Outcome:
     """This patchset alone over the tree at ``path``, written by the pipeline."""
     from gdn_backport import pipeline
-
-    from . import PATCHSET
 
     return pipeline.apply(path, [PATCHSET], strategy, mode, root=root)[0][1]

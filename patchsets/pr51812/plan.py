@@ -20,6 +20,7 @@ import libcst as cst
 from gdn_backport import files
 from gdn_backport.errors import Refusal, UsageError
 from gdn_backport.pipeline import Mode, Outcome, Plan, SiteChange, Staged, conclude, unified_diff
+from gdn_backport.result import Failure, Success, attempt
 from gdn_backport.site import Site, Status
 from gdn_backport.tree import Tree, relative
 
@@ -139,17 +140,16 @@ def _stage(
         walks=_walks_into(scanned.analysis, rel),
         module_key=rel,
     )
-    try:
-        result = codemod.rewrite(cst.parse_module(text))
-    except Refusal as exc:
-        out.refused.append((rel, exc.reason))
+    # rewrite() is libcst's transform_module plus the sites it rewrote (the
+    # proof needs them); attempt() reads its outcome as libcst's runner would.
+    tried = attempt(lambda: codemod.rewrite(cst.parse_module(text)), type(codemod).__name__)
+    if isinstance(tried, Failure):
+        out.refuse(rel, tried)
         return None
-    except Exception as exc:
-        # Whatever went wrong inside the codemod, the file is not written.
-        out.refused.append((rel, str(exc)))
-        return None
+    result = tried.value if isinstance(tried, Success) else None
     if result is None or result.text == text:
-        raise UsageError(f"{file}: the codemod found nothing to rewrite at an affected site")
+        out.refused.append((rel, "the codemod found nothing to rewrite at an affected site"))
+        return None
     try:
         # The file's own encoding (its PEP 263 declaration, its UTF-8
         # byte-order mark, which ``locate.decode`` strips to parse).

@@ -27,35 +27,34 @@ from __future__ import annotations
 import contextlib
 import functools
 import types
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from gdn_backport.harness.batch import Batch, Row, SlotMap
 from gdn_backport.harness.layer import (
-    PREFIX,
     LayerReads,
     LayerShape,
     LayerTensors,
+    activation_dtype,
     build_layer,
+    forward_step,
     make_tensors,
     run_method,
     ssm_layout,
+    step_inputs,
 )
 from gdn_backport.harness.loader import LoadedTree
-from gdn_backport.harness.reference import reference_step
+from gdn_backport.harness.reference import max_abs_err, reference_step
 from gdn_backport.harness.result import ScenarioResult, tolerance
+from gdn_backport.harness.suite import SuiteError, SuiteReport, triton_problem
 from gdn_backport.site import Site, Status
 
 from .metadata import build_metadata, metadata_fields
 from .scenarios import Scenario
-
-if TYPE_CHECKING:
-    from gdn_backport.verify import VerifyReport
 
 __all__ = ["ScenarioResult", "SuiteRunner"]
 
@@ -85,14 +84,6 @@ def _short(items: list[int], limit: int = 8) -> str:
     if len(items) <= limit:
         return "(" + ", ".join(map(str, items)) + ")"
     return "(" + ", ".join(map(str, items[:limit])) + f", ... {len(items)} in all)"
-
-
-def _max_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    diff = (actual.detach().to(expected.device, torch.float64) - expected).abs()
-    if diff.numel() == 0:
-        return 0.0
-    worst = diff.max().item()
-    return float("inf") if worst != worst else float(worst)
 
 
 class SuiteRunner:
@@ -146,26 +137,11 @@ class SuiteRunner:
         b: torch.Tensor,
     ) -> _StepRun:
         """One call of the tree's site method; mutates the pools in ``tensors``."""
-        out = torch.zeros(
-            batch.num_tokens,
-            self.shape.num_v_heads,
-            self.shape.head_v_dim,
-            dtype=self.shape.dtype,
-            device=self.device,
-        )
+        out = self.shape.output(batch.num_tokens, self.device)
         with self.loaded.active():
             layer = build_layer(self.loaded, self.shape, tensors, self.reads)
             metadata = build_metadata(self.loaded, batch, slots, self.device, self.fields)
-            with (
-                self.loaded.context.forward({PREFIX: metadata}, {PREFIX: layer}),
-                self._spy() as calls,
-                torch.no_grad(),
-                warnings.catch_warnings(),
-            ):
-                # Shape heuristics of the tree's wrappers (small test shapes) and
-                # NumPy overflow in masked-off interpreter lanes: noise here.
-                warnings.simplefilter("ignore", UserWarning)
-                warnings.simplefilter("ignore", RuntimeWarning)
+            with forward_step(self.loaded, layer, metadata), self._spy() as calls:
                 run_method(self.loaded, layer, self.shape, qkv, b, a, out)
         return _StepRun(out=out, calls=calls)
 
@@ -174,31 +150,10 @@ class SuiteRunner:
     def _inputs(
         self, batch: Batch, step: int, strided: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        gen = torch.Generator().manual_seed(self.seed * 1000 + 17 * step + 1)
-        num_tokens, hv = batch.num_tokens, self.shape.num_v_heads
-        qkv = torch.randn(num_tokens, self.shape.conv_dim, generator=gen, dtype=torch.float64)
-        # Gates spread over the softplus/sigmoid range so that every token's
-        # gates differ visibly from its neighbours'.
-        ba = torch.randn(num_tokens, 2 * hv, generator=gen, dtype=torch.float64) * 2.0
-        qkv = qkv.to(self.shape.dtype).to(self.device)
-        ba = ba.to(self.shape.dtype).to(self.device)
-        b, a = ba.chunk(2, dim=-1)
-        if not strided:
-            b, a = b.contiguous(), a.contiguous()
-        return qkv, a, b
+        seed = self.seed * 1000 + 17 * step + 1
+        return step_inputs(self.shape, batch.num_tokens, self.device, seed, strided)
 
     # -- oracles --------------------------------------------------------------
-
-    def _clone(self, tensors: LayerTensors) -> LayerTensors:
-        return LayerTensors(
-            A_log=tensors.A_log,
-            dt_bias=tensors.dt_bias,
-            conv_weight=tensors.conv_weight,
-            conv_bias=tensors.conv_bias,
-            conv_pool=tensors.conv_pool.clone(),
-            ssm_pool=tensors.ssm_pool.clone(),
-            ssm_layout=tensors.ssm_layout,
-        )
 
     def _self_consistency(
         self,
@@ -215,7 +170,7 @@ class SuiteRunner:
         for rid, row, tokens in zip(
             batch.request_ids(), batch.rows, batch.token_ranges(), strict=True
         ):
-            alone = self._clone(before)
+            alone = before.clone_pools()
             single = Batch(rows=(Row(**{**row.__dict__, "request": rid}),), num_spec=batch.num_spec)
             idx = torch.tensor(list(tokens), device=self.device)
             solo = self.run_step(
@@ -223,15 +178,15 @@ class SuiteRunner:
             )
             own = torch.tensor(slots.blocks[rid], device=self.device, dtype=torch.long)
             errs["alone_out"] = max(
-                errs["alone_out"], _max_err(run.out[idx], solo.out.to(torch.float64))
+                errs["alone_out"], max_abs_err(run.out[idx], solo.out.to(torch.float64))
             )
             errs["alone_conv"] = max(
                 errs["alone_conv"],
-                _max_err(after.conv_pool[own], alone.conv_pool[own].to(torch.float64)),
+                max_abs_err(after.conv_pool[own], alone.conv_pool[own].to(torch.float64)),
             )
             errs["alone_ssm"] = max(
                 errs["alone_ssm"],
-                _max_err(after.ssm_pool[own], alone.ssm_pool[own].to(torch.float64)),
+                max_abs_err(after.ssm_pool[own], alone.ssm_pool[own].to(torch.float64)),
             )
         return errs
 
@@ -281,13 +236,13 @@ class SuiteRunner:
             # The pure-spec path convolves mixed_qkv in place (as in vLLM):
             # the oracles get a snapshot of the inputs.
             qkv_in, a_before, b_before = qkv.clone(), a.clone(), b.clone()
-            before = self._clone(tensors)
+            before = tensors.clone_pools()
             expected = reference_step(self.shape, before, batch, slots, qkv, a, b)
             run = self.run_step(tensors, batch, slots, qkv, a, b)
             step_errs = {
-                "ref_out": _max_err(run.out, expected.out),
-                "ref_conv": _max_err(tensors.conv_pool, expected.conv_pool),
-                "ref_ssm": _max_err(tensors.ssm_pool, expected.ssm_pool),
+                "ref_out": max_abs_err(run.out, expected.out),
+                "ref_conv": max_abs_err(tensors.conv_pool, expected.conv_pool),
+                "ref_ssm": max_abs_err(tensors.ssm_pool, expected.ssm_pool),
             }
             if self_consistency and len(batch.rows) > 1:
                 step_errs |= self._self_consistency(
@@ -340,15 +295,14 @@ class LayerSuite:
         heads: tuple[int, int, int] | None,
         self_consistency: bool,
         patch: Callable[[types.ModuleType], object] | None,
-        report: VerifyReport,
+        report: SuiteReport,
     ) -> list[ScenarioResult]:
         from gdn_backport.harness.layer import LayerShape
         from gdn_backport.harness.loader import HarnessError, load_tree
-        from gdn_backport.verify import SuiteError, triton_problem
 
         from .scenarios import SCENARIOS, scenario
 
-        dtype = torch.float16 if device.startswith("cpu") else torch.bfloat16
+        dtype = activation_dtype(device)
         selected = SCENARIOS if names is None else tuple(scenario(n) for n in names)
         try:
             loaded = load_tree(Path(tree), device=device)

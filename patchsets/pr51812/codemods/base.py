@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import libcst as cst
-from libcst.codemod import Codemod, CodemodContext, SkipFile
+from libcst.codemod import CodemodContext, SkipFile
 
 from gdn_backport import files
+from gdn_backport.codemod import Command
 from gdn_backport.cst_nodes import code, names_in, walk
 from gdn_backport.errors import Refusal
 from gdn_backport.site import Status
@@ -359,8 +360,16 @@ def _onto(plan: Plan, tree: cst.Module, funcs: dict[Key, cst.FunctionDef]) -> _B
         raise Refusal("a planned edit lies outside the functions it rewrites") from exc
 
 
-class SiteCodemod(Codemod):
-    """Rewrite every affected GDN spec site of a module, or fail closed."""
+class SiteCodemod(Command):
+    """Rewrite every affected GDN spec site of a module, or fail closed.
+
+    ``apply`` hands it the tree's analysis (``walks``): the plan comes from
+    there, helpers in other files included, and ``apply`` proves the whole
+    tree afterwards. Without one (``python -m libcst.tool codemod``, the
+    examples, the runtime plugin) it analyses the module alone: helpers are
+    followed within the file only (a call into another module is a callee
+    it does not know, so such a site is refused rather than guessed), and it
+    proves its own rewrite (compiled, every rewritten site aligned)."""
 
     DESCRIPTION: str = ""
     REWRITES: ClassVar[tuple[tuple[str, str], ...]] = ()
@@ -399,18 +408,23 @@ class SiteCodemod(Codemod):
         self.walks = list(walks) if walks is not None else None
         self.module_key = module_key
         self.result: Rewrite | None = None
+        self._sites: set[Key] = set()
 
     def plan_call(self, planner: Planner, call: SpecCall, plan: Plan) -> None:
         """Add to ``plan`` what fixes one affected spec call."""
         raise NotImplementedError
 
-    def finish(self, tree: cst.Module) -> cst.Module:
-        """Last touches after the edits (e.g. imports); default none."""
-        return tree
-
     def transform_module(self, tree: cst.Module) -> cst.Module:
-        # No metadata is used: skip the MetadataWrapper's deep copy of the tree.
-        return self.transform_module_impl(tree)
+        self.result = None
+        self._sites = set()
+        # The edits (transform_module_impl), then the imports they scheduled.
+        new_tree = super().transform_module(tree)
+        text = new_tree.code
+        alone = self.walks is None
+        if alone:
+            self._prove(text, self._sites)
+        self.result = Rewrite(text, frozenset(self._sites), proven=alone)
+        return new_tree
 
     def _patchset(self) -> Patchset:
         if self.patchset is None:
@@ -477,12 +491,7 @@ class SiteCodemod(Codemod):
         new_tree = tree.visit(rewriter)
         if rewriter.applied != set(bound.inserts) | set(bound.edits):
             raise Refusal("some planned edits found no place in the tree")
-        new_tree = self.finish(new_tree)
-        text = new_tree.code
-        alone = self.walks is None
-        if alone:
-            self._prove(text, sites)
-        self.result = Rewrite(text, frozenset(sites), proven=alone)
+        self._sites = sites
         return new_tree
 
     def _prove(self, text: str, sites: set[Key]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
 from pathlib import Path
 from typing import Any, ClassVar, cast
@@ -202,6 +203,10 @@ class KernelOpCodemod(SiteCodemod):
     are evaluated twice (guard, branch): a call with effects in one is
     refused. The import is added; the patched tree then needs
     ``gdn-backport`` (its ``gdn_backport_kernels``) installed.
+
+    The slot rule lives in another file (the kernel's), which a file
+    analysed alone (``python -m libcst.tool codemod``) does not show: there
+    it is ``--null-slot-id N``, and without it the codemod refuses.
     """
 
     DESCRIPTION: str = "the spec call goes to gdn_backport_kernels' op"
@@ -210,6 +215,16 @@ class KernelOpCodemod(SiteCodemod):
         super().__init__(*args, **kwargs)
         # Given by the caller, or read from the tree's kernel on first use.
         self.null_slot_id = null_slot_id
+
+    @staticmethod
+    def add_args(arg_parser: argparse.ArgumentParser) -> None:
+        arg_parser.add_argument(
+            "--null-slot-id",
+            type=int,
+            default=None,
+            help=f"the state slot the tree's {SWAPPABLE} skips: -1 where it skips idx < 0, "
+            "0 where it skips idx <= 0",
+        )
 
     def plan_call(self, planner: Planner, call: SpecCall, plan: Plan) -> None:
         if call.kernel is None or call.kernel.name != SWAPPABLE:
@@ -230,7 +245,10 @@ class KernelOpCodemod(SiteCodemod):
         slot = self.null_slot_id
         if slot is None:
             if self.tree is None:
-                raise Refusal("the kernel strategy needs the whole tree (to read its kernel)")
+                raise Refusal(
+                    "the kernel strategy needs the whole tree (to read its kernel's slot "
+                    "rule), or --null-slot-id"
+                )
             slot = self.null_slot_id = null_slot_id(self.tree)
         rows = planner.new_name("spec_token_rows")
         for sel in planner.selections(call):
@@ -271,9 +289,6 @@ class KernelOpCodemod(SiteCodemod):
         plan.edits[planner.ref(node)] = swap
         for name in (OP, GUARD, GATHER):
             AddImportsVisitor.add_needed_import(self.context, MODULE, name)
-
-    def finish(self, tree: cst.Module) -> cst.Module:
-        return AddImportsVisitor(self.context).transform_module(tree)
 
     # Examples (tests/test_codemods.py), run with the slot rule given.
     EXAMPLE_ARGS: ClassVar[dict[str, Any]] = {"null_slot_id": 0}
