@@ -436,7 +436,7 @@ def test_real_release_commit_patch_and_git_am(
     assert "vLLM version: 0.25.1 (from vllm/_version.py)" in first.message
     assert "QwenGatedDeltaNetAttention._forward_core: affected -> fixed" in first.message
     assert "GDNAttentionMetadataBuilder.build: affected -> fixed" in second.message
-    assert "GPUModelRunner.execute_model: not_affected -> fixed" in second.message
+    assert "GPUModelRunner.execute_model: affected -> fixed" in second.message
     assert "_forward_core" not in second.message
     assert repo.git.status("--porcelain") == ""
     # git am on a fresh clone of the unpatched tree
