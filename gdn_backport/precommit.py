@@ -32,6 +32,19 @@ def _holds_vllm(folder: Path) -> bool:
     return (folder / "vllm" / "__init__.py").is_file()
 
 
+def _plugin(top: Path) -> bool:
+    """``top`` is a vLLM plugin: it holds no ``vllm`` package (at its top
+    or one folder down: a file beside that one is in no tree) and its
+    modules import vllm."""
+    if _holds_vllm(top) or any(_holds_vllm(d) for d in top.iterdir() if d.is_dir()):
+        return False
+    try:
+        check_vllm_tree(top)
+    except UsageError:
+        return False
+    return True
+
+
 def trees_of(paths: Sequence[Path], top: Path) -> list[Path]:
     """The trees holding ``paths`` (files below ``top``), each once, in order."""
     top = Path(os.path.abspath(top))
@@ -45,11 +58,7 @@ def trees_of(paths: Sequence[Path], top: Path) -> list[Path]:
                     None)  # fmt: skip
         if tree is None:
             if plugin is None:
-                try:
-                    check_vllm_tree(top)
-                    plugin = True
-                except UsageError:
-                    plugin = False
+                plugin = _plugin(top)
             if not plugin:
                 continue
             tree = top
