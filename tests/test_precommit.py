@@ -178,10 +178,13 @@ def test_pre_commit_try_repo_fails_on_the_affected_release_and_passes_after_appl
     assert re.search(r"gdn-backport apply --check\.+Failed", out), out[-3000:]
     assert "pr51812: check failed: 1 affected site(s)" in out
     assert "pr51565: check failed: 3 affected site(s)" in out
-    print(f"gdn-backport-check on vllm 0.25.1 (affected): {took:.2f} s")
+    first = took
 
     assert run(capsys, "apply", str(fork))[0] == 0
     code, out, took = _try_repo(fork, hooks, ref, home)
     assert code == 0, out[-3000:]
     assert re.search(r"gdn-backport apply --check\.+Passed", out), out[-3000:]
-    print(f"gdn-backport-check on vllm 0.25.1 (patched): {took:.2f} s")
+    capsys.readouterr()
+    with capsys.disabled():
+        # The hook's time on a release (docs/ci.md quotes it): pytest -s shows it.
+        print(f"\ngdn-backport-check on vllm 0.25.1: {first:.2f} s affected, {took:.2f} s patched")
