@@ -9,6 +9,7 @@ writes, byte for byte.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -26,6 +27,17 @@ from tests.conftest import run
 DATA = Path(__file__).resolve().parent / "data"
 SITE = "vllm/model_executor/layers/mamba/gdn_linear_attn.py"
 KERNEL = "fused_sigmoid_gating_delta_rule_update"
+
+
+SCHEMA_SHA256 = "c3b4bb2d6093897483348925aaa73af03b3e3f4bd4ca38cef26dcb4212a2682e"
+
+
+def test_the_vendored_schema_is_oasis_as_recorded() -> None:
+    """tests/data/README.md records it: OASIS's errata 01 schema, unmodified."""
+    data = (DATA / "sarif-schema-2.1.0.json").read_bytes()
+    assert hashlib.sha256(data).hexdigest() == SCHEMA_SHA256
+    assert SCHEMA_SHA256 in (DATA / "README.md").read_text()
+    assert json.loads(data)["id"] == SCHEMA
 
 
 def _validator() -> Any:
