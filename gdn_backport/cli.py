@@ -108,6 +108,50 @@ def _kernels(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _format(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--format",
+        choices=["table", "json", "sarif", "github"],
+        help="table (default), json (as --json), sarif (SARIF 2.1.0 for code scanning, each "
+        "affected site with its fix) or github (one ::error annotation per affected or "
+        "unknown site); exit codes are the same (docs/ci.md)",
+    )
+
+
+def _output_format(args: argparse.Namespace) -> str:
+    """``--format``, with ``--json`` as its ``json``."""
+    fmt = args.format or ("json" if args.json else "table")
+    if args.json and fmt != "json":
+        raise UsageError(f"{args.command}: --json and --format {fmt} exclude each other")
+    args.json = fmt == "json"
+    return str(fmt)
+
+
+def _ci_report(
+    args: argparse.Namespace,
+    path: Path,
+    root: Path,
+    sites: Sequence[Site],
+    chosen: Sequence[registry.Patchset],
+    code: int,
+    fmt: str,
+) -> int:
+    """``--format sarif|github``: the sites, each affected one with the fix
+    of its patchset's dry run alone; ``code`` is the command's exit code."""
+    from gdn_backport import ci_formats, installed, pipeline
+    from gdn_backport.pipeline import Mode
+
+    def dry_run(ps: registry.Patchset, strategy: str) -> Outcome:
+        if args.installed:
+            inst = installed.locate_vllm()
+            return installed.apply(inst, strategy, Mode.DRY_RUN, args.kernels, [ps])[0]
+        return pipeline.apply(path, [ps], strategy, Mode.DRY_RUN, kernels=args.kernels)[0][1]
+
+    strategy = getattr(args, "strategy", None)
+    print(ci_formats.render(fmt, root, sites, chosen, code, dry_run, strategy), end="")
+    return code
+
+
 def _patchsets(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--patchset",
@@ -131,11 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
     _target(p)
     _kernels(p)
     _patchsets(p)
+    _format(p)
 
     p = sub.add_parser("apply", help="rewrite affected sites in place, print the diff")
     _target(p, write=True)
     _kernels(p)
     _patchsets(p)
+    _format(p)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 while an affected site remains")
     mode.add_argument("--dry-run", action="store_true", help="print the diff, change nothing")
@@ -398,6 +444,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     from gdn_backport import pipeline, vllm_version
     from gdn_backport.tree import Tree
 
+    fmt = _output_format(args)
     chosen = registry.selected(args.patchset)
     path, root = _scan_target(args)
     tree = Tree.of(path, root, args.kernels)
@@ -406,6 +453,11 @@ def _cmd_scan(args: argparse.Namespace) -> int:
         sites += ps.scan(tree)
     _check_single_file(path, sites, chosen)
     left = [tree.relative(p) for p in pipeline.leftovers_of(tree)]
+    if fmt in ("sarif", "github"):
+        _warn(_leftovers_warning(root, left))
+        statuses = {s.status.value for s in sites}
+        code = 2 if "unknown" in statuses else 1 if "affected" in statuses else 0
+        return _ci_report(args, path, root, sites, chosen, code, fmt)
     if args.json:
         version = vllm_version.to_json(vllm_version.detect(root))
         doc = {
@@ -519,6 +571,9 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     from gdn_backport.tree import tree_root
 
     mode = Mode.CHECK if args.check else Mode.DRY_RUN if args.dry_run else Mode.WRITE
+    fmt = _output_format(args)
+    if fmt in ("sarif", "github") and mode is Mode.WRITE:
+        raise UsageError(f"apply: --format {fmt} goes with --check or --dry-run")
     if args.commit or args.format_patch:
         return _apply_git(args, mode)
     if args.branch or args.allow_dirty:
@@ -529,6 +584,8 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     if args.installed:
         inst = installed.locate_vllm()
         out, caches = installed.apply(inst, args.strategy, mode, args.kernels, chosen)
+        if fmt in ("sarif", "github"):
+            return _ci_outcome(args, inst.package, out, chosen, mode, fmt)
         code = _print_outcome(out, args.json, dry_run=mode is Mode.DRY_RUN)
         _warn(installed.caches_warning(out.tree, caches))
     else:
@@ -542,9 +599,32 @@ def _cmd_apply(args: argparse.Namespace) -> int:
             raise
         if out.refused:
             _drop_made_workdir(args)
+        if fmt in ("sarif", "github"):
+            return _ci_outcome(args, path, out, chosen, mode, fmt)
         # --dry-run previews: affected sites remaining is expected, not a failure.
         code = _print_outcome(out, args.json, dry_run=mode is Mode.DRY_RUN)
     return code
+
+
+def _ci_outcome(
+    args: argparse.Namespace,
+    path: Path,
+    out: Outcome,
+    chosen: Sequence[registry.Patchset],
+    mode: Mode,
+    fmt: str,
+) -> int:
+    """``apply --check/--dry-run --format sarif|github``: the exit code and
+    the stderr lines of the run as they are; the report on stdout."""
+    from gdn_backport.pipeline import Mode
+
+    for rel, reason in out.refused:
+        print(f"gdn-backport: {out.tree / rel}: {reason}", file=sys.stderr)
+    if not out.refused:
+        _warn(_leftovers_warning(out.tree, out.leftovers))
+    code = exit_code(out, dry_run=mode is Mode.DRY_RUN)
+    sites = [c.site for c in out.changes]
+    return _ci_report(args, path, out.tree, sites, chosen, code, fmt)
 
 
 def _check_strategy(strategy: str, chosen: Sequence[registry.Patchset]) -> None:
