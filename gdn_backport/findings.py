@@ -4,15 +4,15 @@ SARIF (:mod:`gdn_backport.sarif`) and GitHub annotations
 (:mod:`gdn_backport.github_annotations`) report the sites a run leaves ``affected``
 or ``unknown``. Each becomes a :class:`Finding`:
 
-- ``where``: the call the fix changes (pr51812: the spec kernel's call, or
-  the call of the first helper of a ``via`` chain; pr51565: the
-  classifying call, the call whose arguments the V1 runner guard extends),
+- ``where``: the call the fix changes (the spec kernel's call, or the call
+  of the first helper of a ``via`` chain; a builder's classifying call; the
+  call whose arguments a runner guard extends),
   found where the fix's diff first changes a call of the site's function;
-  a site whose fix changes no call (pr51565's V2 runner guard is a new
+  a site whose fix changes no call (a runner guard that is a new
   statement), an ``unknown`` site and an affected one with no fix are
-  placed at the site's own line (``at == "site"``: pr51812's sites name
-  their function's def line, pr51565's the classifying call or the
-  runner's route);
+  placed at the site's own line (``at == "site"``: a layer site names its
+  function's def line, a builder or runner site its classifying call or
+  its route);
 - ``fix``: the patchset's own rewrite (``apply --dry-run`` of that patchset
   alone, so every fix applies to the files as they are on disk), cut into
   replacements of original lines by new text, read from the unified diff's
@@ -77,8 +77,8 @@ class Step:
 class Finding:
     site: Site
     where: Span
-    # "call": the call the fix changes; "site": the site's own line (pr51812:
-    # its function's def line; pr51565: the classifying call, the route).
+    # "call": the call the fix changes; "site": the site's own line (a layer
+    # site's def line; a builder's classifying call; a runner's route).
     at: str
     fix: tuple[Replacement, ...] = ()
     strategy: str = ""
@@ -245,9 +245,9 @@ def _def_at(
 
 
 def _function_of(module: ast.Module, site: Site) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-    """The site's function: the one defined at its line (pr51812's sites
-    name their def line), else the innermost one holding its line
-    (pr51565's name the classifying call or the runner's route)."""
+    """The site's function: the one defined at its line (a layer site
+    names its def line), else the innermost one holding its line (a
+    builder's classifying call, a runner's route)."""
     found = _def_at(module, site.line)
     if found is not None:
         return found[1]
