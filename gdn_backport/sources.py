@@ -306,10 +306,18 @@ def release_tree(version: str) -> Path:
         else:
             _extract_wheel(archive, staging)
         (staging / _DONE).write_text(f"{art.filename} {art.sha256}\n")
+        if (root / _DONE).exists():
+            # Another process (a parallel test worker, a second CI job on
+            # the same cache) finished first: its tree is as good as ours,
+            # and removing it would pull it from under that process.
+            return root
         if root.exists():
             shutil.rmtree(root)
         os.replace(staging, root)
     except OSError as exc:
+        if (root / _DONE).exists():
+            # The other process won the rename between our check and ours.
+            return root
         raise UsageError(
             f"{root}: cannot extract vllm {art.version} into the release cache "
             f"({exc.strerror}); nothing was kept"

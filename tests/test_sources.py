@@ -75,6 +75,33 @@ def test_release_tree_extracts_only_the_package(tmp_path: Path, index) -> None: 
     assert sources.release_tree("9.0.0") == tree
 
 
+def test_a_tree_another_process_finished_first_is_kept(
+    tmp_path: Path, index, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Two processes (parallel test workers, two CI jobs on one cache) fetch
+    the same release: the one that finishes second must not remove the
+    first one's tree, which the first may be reading."""
+    archive = _sdist(tmp_path / "vllm-9.0.5.tar.gz", "9.0.5", {"vllm-9.0.5/vllm/x.py": b"x\n"})
+    index("9.0.5", archive)
+    real = sources._extract_sdist
+    root = sources.cache_dir() / "trees" / "9.0.5"
+
+    def racing(archive: Path, into: Path, version: str) -> None:
+        # The other process completes the same tree while this one extracts.
+        other = root.parent / ".other"
+        real(archive, other, version)
+        (other / "vllm" / "in-use.txt").write_text("open by the other process\n")
+        (other / sources._DONE).write_text("done\n")
+        os.replace(other, root)
+        real(archive, into, version)
+
+    monkeypatch.setattr(sources, "_extract_sdist", racing)
+    assert sources.release_tree("9.0.5") == root
+    assert (root / "vllm" / "in-use.txt").exists()
+    assert (root / "vllm" / "x.py").read_text() == "x\n"
+    assert [p.name for p in root.parent.iterdir()] == ["9.0.5"]
+
+
 def test_sha256_mismatch_is_refused(tmp_path: Path, index) -> None:  # type: ignore[no-untyped-def]
     archive = _sdist(tmp_path / "vllm-9.0.1.tar.gz", "9.0.1", {"vllm-9.0.1/vllm/x.py": b""})
     index("9.0.1", archive, sha="0" * 64)
