@@ -23,7 +23,9 @@ class _Rename(VisitorCommand):
             raise UsageError("bad input")
         if updated_node.value == "boom":
             raise RuntimeError("a bug")
-        return updated_node.with_changes(value="new") if updated_node.value == "old" else updated_node
+        if updated_node.value == "old":
+            return updated_node.with_changes(value="new")
+        return updated_node
 
 
 def _run(code: str) -> Success[str] | Skip | Failure:

@@ -20,5 +20,5 @@ def test_a_refusal_is_a_usage_error_that_names_its_file() -> None:
 def test_a_refusal_without_a_path_is_its_reason_alone() -> None:
     exc = Refusal("no such call")
     assert str(exc) == "no such call" and exc.path is None
-    with pytest.raises(UsageError, match="^no such call$"):
+    with pytest.raises(UsageError, match=r"^no such call$"):
         raise exc

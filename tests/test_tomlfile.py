@@ -47,7 +47,7 @@ def test_get_checks_kind_and_keeps_bool_apart_from_int() -> None:
     assert tomlfile.get(t, "flag", bool, W) is True
     assert tomlfile.get(t, "nope", int, W, default=7) == 7
     assert tomlfile.get(t, "nope", str, W, default=None) is None
-    with pytest.raises(UsageError, match="x.toml: missing key 'nope'"):
+    with pytest.raises(UsageError, match=r"x\.toml: missing key 'nope'"):
         tomlfile.get(t, "nope", int, W)
     with pytest.raises(UsageError, match="key 'flag' must be an integer"):
         tomlfile.get(t, "flag", int, W)
@@ -99,5 +99,5 @@ def test_tables_and_arrays_of_tables() -> None:
 
 def test_loads_names_where_it_came_from() -> None:
     assert tomlfile.loads("[[r]]\nx = 1\n[[r]]\nx = 2\n", W) == {"r": [{"x": 1}, {"x": 2}]}
-    with pytest.raises(UsageError, match="^x.toml: not valid TOML"):
+    with pytest.raises(UsageError, match=r"^x\.toml: not valid TOML"):
         tomlfile.loads("[r\n", W)
