@@ -80,9 +80,10 @@ def test_read_text_and_parse_are_made_once_per_run(tmp_path: Path) -> None:
     first = tree.parse(f)
     f.write_text("x = 2\n")  # a change on disk mid-run is not seen
     assert tree.read(f) == b"x = 1\n" and tree.text(f) == "x = 1\n"
-    again = tree.parse(f)
-    assert again is first or again.body[0].value.value == 1  # type: ignore[attr-defined]
+    assert tree.parse(f) is first  # one parse per text
+    assert first.body[0].value.value == 1  # type: ignore[attr-defined]
     assert Tree.of(f).text(f) == "x = 2\n"  # a new run reads it afresh
+    assert Tree.of(f, kernels=[f], within="vllm").kernels == (f,)
 
 
 def test_the_overlay_is_what_a_later_patchset_reads(tmp_path: Path) -> None:
