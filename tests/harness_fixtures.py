@@ -1,4 +1,5 @@
-"""Fixtures for the harness and verify tests: release trees, patched copies.
+"""Fixtures for the harness and verify tests: release trees, patched copies,
+an empty LoadedTree.
 
 Release trees come from :func:`gdn_backport.sources.release_tree` (PyPI,
 sha256-verified, cached under ``$GDN_BACKPORT_CACHE``); patched copies are
@@ -9,12 +10,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from gdn_backport import sources
 
-__all__ = ["interpreted", "patched_copy", "release_tree", "runnable"]
+if TYPE_CHECKING:
+    from gdn_backport.harness.loader import LoadedTree
+
+__all__ = ["fake_loaded", "interpreted", "patched_copy", "release_tree", "runnable"]
 
 
 def interpreted() -> None:
@@ -53,3 +58,13 @@ def runnable() -> None:
         if os.environ.get("GDN_BACKPORT_REQUIRE_TRITON") == "1":
             pytest.fail(problem)
         pytest.skip(problem)
+
+
+def fake_loaded(root: Path, device: str = "cpu") -> LoadedTree:
+    """A LoadedTree over ``root`` with nothing loaded (``torch.device("cuda")``
+    is only a name: no GPU is needed until a tensor is made on it)."""
+    from gdn_backport.harness.loader import GdnSite, LoadedTree
+    from gdn_backport.harness.standins import HarnessContext
+
+    site = GdnSite(path=root / "vllm" / "m.py", module="vllm.m", cls="Layer")
+    return LoadedTree(tree=root, site=site, context=HarnessContext(root, device), interpreted=False)

@@ -20,7 +20,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from gdn_backport import findings, registry
+from gdn_backport import registry
 from gdn_backport.sarif import SCHEMA
 from tests.conftest import run
 
@@ -300,36 +300,6 @@ def test_a_fixed_tree_has_no_result(
     assert run(capsys, "apply", str(affected_tree))[0] == 0
     code, doc, _ = sarif(capsys, "apply", "--check", str(affected_tree))
     assert code == 0 and results(doc) == []
-
-
-# -- the diff reader --------------------------------------------------------------------
-
-
-def test_changes_of_a_diff_with_insertions_deletions_and_an_empty_file() -> None:
-    from gdn_backport.pipeline import unified_diff
-
-    old = "a\nb\nc\nd\ne\nf\ng\nh\ni\nj\n"
-    new = "a\nB\nc\nd\ne\nf\ng\nh\nnew\ni\nj\n"
-    diff = unified_diff("x.py", old, new) + unified_diff("y.py", "", "one\n")
-    changes = findings._changes(diff)
-    assert [(c.path, c.start, c.deleted, c.inserted) for c in changes] == [
-        ("x.py", 2, ("b\n",), ("B\n",)),
-        ("x.py", 9, (), ("new\n",)),
-        ("y.py", 1, (), ("one\n",)),
-    ]
-    with pytest.raises(ValueError):
-        findings._changes("--- a/x\n+++ b/x\n@@ -1,2 +1,2 @@\n-a\n")
-
-
-def test_lines_are_counted_as_python_counts_them() -> None:
-    # str.splitlines (the diff's) cuts at a form feed; Python and SARIF do not.
-    text = findings._Text("a = 1\x0cb = 2\nc\r\nd\re\n")
-    assert text.pieces == ["a = 1\x0c", "b = 2\n", "c\r\n", "d\r", "e\n"]
-    assert [text.position(i) for i in range(1, 6)] == [(1, 1), (1, 7), (2, 1), (3, 1), (4, 1)]
-    assert text.position(6) == (5, 1)
-    assert text.column(1, len(b"a = 1\x0cb")) == 8
-    # An ast byte offset after a multi-byte character is a code-point column.
-    assert findings._Text("é = f(x)\n").column(1, len("é = ".encode())) == 5
 
 
 # -- a real release ------------------------------------------------------------------
