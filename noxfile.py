@@ -147,6 +147,14 @@ def tests(session: nox.Session) -> None:
     )
     session.run(
         "pytest",
+        # One worker per core, tests handed out as workers free up (the slow
+        # ones are uneven); the ten slowest printed on every run. Arguments
+        # after `--` come last and win (`-- -n 0 tests/test_cli.py`).
+        "-n",
+        "auto",
+        "--dist",
+        "worksteal",
+        "--durations=10",
         *session.posargs,
         env={
             # Before anything imports triton: CPU runs of the real kernels.
