@@ -198,3 +198,147 @@ def test_staged_gate_of_a_small_fork_is_gathered_before_the_call(
     assert "a=a_in_spec, b=b_spec," in patched
     _, sites = scan_tree(root)
     assert {s.status for s in sites} == {"fixed"}
+
+
+# -- shape 2: [1, T, H] gates gathered along dim 1 -------------------------------
+
+QWEN_0171 = "vllm/model_executor/models/qwen3_next.py"
+FORK_ENGINE = "myengine/layers/gdn.py"
+ENGINE_HEAD = """\
+import torch
+from vllm.model_executor.layers.fla.ops import (
+    chunk_gated_delta_rule,
+    fused_recurrent_gated_delta_rule,
+)
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
+    causal_conv1d_fn,
+    causal_conv1d_update,
+)
+from myengine.gating import fused_gdn_gating
+
+
+class EngineGatedDeltaNet:
+"""
+# The fork's engine computes the gates as vLLM's gating did: [1, T, H].
+ENGINE_GATING = """\
+import torch
+
+
+def fused_gdn_gating(A_log, a, b, dt_bias):
+    g = -A_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias)
+    return g.unsqueeze(0), b.sigmoid().unsqueeze(0)
+"""
+
+
+def engine_layer(g_gather: str = "g.index_select(1, spec_token_indx)") -> str:
+    """0.17.1's _forward_core (the pre-0.18 upstream design) in a fork's own
+    engine: its own metadata object, its own gating module."""
+    text = _release_text("0.17.1", QWEN_0171)
+    start = text.index("    def _forward_core(")
+    body = text[start : text.index("\n    def ", start + 10)]
+    body = body.split("\n\nclass ", 1)[0]  # the method is the class's last
+    vllm_metadata = body[
+        body.index("        forward_context = get_forward_context()\n") : body.index(
+            "        has_initial_state = attn_metadata.has_initial_state\n"
+        )
+    ]
+    assert "GDNAttentionMetadata" in vllm_metadata, "0.17.1 moved: update the transform"
+    body = body.replace(
+        vllm_metadata, "        attn_metadata = self.engine.step_metadata(self.layer_id)\n"
+    )
+    body = body.replace("self.kv_cache[forward_context.virtual_engine]", "self.kv_cache")
+    assert body.count("g.index_select(1, spec_token_indx)") == 1
+    body = body.replace("g.index_select(1, spec_token_indx)", g_gather)
+    return ENGINE_HEAD + body + "\n"
+
+
+def _engine_site(tmp_path: Path, layer: str, gating: str = ENGINE_GATING) -> tuple[str, str]:
+    root = _write(tmp_path, {FORK_ENGINE: layer, "myengine/gating.py": gating})
+    _, sites = scan_tree(root)
+    (site,) = [s for s in sites if s.function.endswith("._forward_core")]
+    return site.status.value, site.reason
+
+
+def test_pre_018_design_in_a_fork_engine_is_not_affected(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, reason = _engine_site(tmp_path, engine_layer())
+    assert status == "not_affected", reason
+    assert "gathered by the spec token index" in reason
+    # Nothing to do: apply exits 0 and changes nothing.
+    root = tmp_path / "tree"
+    before = (root / FORK_ENGINE).read_bytes()
+    code, _, err = run(capsys, "apply", str(root), "--patchset", "pr51812")
+    assert code == 0, err
+    assert (root / FORK_ENGINE).read_bytes() == before
+
+
+def test_a_subscript_dim1_gather_is_aligned(tmp_path: Path) -> None:
+    layer = engine_layer("g[:, spec_token_indx]").replace(
+        "beta.index_select(1, spec_token_indx)", "beta[:, spec_token_indx]"
+    )
+    status, reason = _engine_site(tmp_path, layer)
+    assert status == "not_affected", reason
+
+
+def test_a_dim0_gather_of_leading_one_gates_is_not_aligned(tmp_path: Path) -> None:
+    # [1, T, H] selected along dim 0 (its size-1 batch axis): not token rows.
+    status, reason = _engine_site(tmp_path, engine_layer("g.index_select(0, spec_token_indx)"))
+    assert status in ("unknown", "affected"), reason
+    assert "selects along dim 0, but the token axis" in reason and "[1, T, ...]" in reason
+
+
+def test_a_dim1_gather_of_token_major_gates_is_not_aligned(tmp_path: Path) -> None:
+    # The gates squeezed to [T, H]: dim 1 selects heads, not the spec tokens.
+    gating = "        g, beta = fused_gdn_gating(self.A_log, a, b, self.dt_bias)\n"
+    layer = engine_layer()
+    assert layer.count(gating) == 1
+    layer = layer.replace(gating, gating + "        g = g.squeeze(0)\n        beta = beta[0]\n")
+    status, reason = _engine_site(tmp_path, layer)
+    assert status in ("unknown", "affected"), reason
+    assert "selects along dim 1, but the token axis" in reason and "[T, ...]" in reason
+
+
+SMALL_T_MAJOR = textwrap.dedent("""\
+    from vllm.model_executor.layers.fla.ops import fused_recurrent_gated_delta_rule
+    from vllm.model_executor.models.qwen3_next import fused_gdn_gating
+
+
+    class ForkGDN:
+        def _forward_core(self, mixed_qkv, b, a, core_attn_out, md):
+            idx = md.spec_token_indx
+            q, k, v = self.split(mixed_qkv.index_select(0, idx))
+            g, beta = fused_gdn_gating(self.A_log, a, b, self.dt_bias)  # [1, T, H]
+            g_spec = {g}
+            beta_spec = {beta}
+            out, _ = fused_recurrent_gated_delta_rule(
+                q=q, k=k, v=v, g=g_spec, beta=beta_spec, initial_state=self.state,
+                ssm_state_indices=md.spec_state_indices_tensor,
+                num_accepted_tokens=md.num_accepted_tokens,
+            )
+""")
+
+
+@pytest.mark.parametrize(
+    ("g", "beta", "aligned"),
+    [
+        # the layout unknown (an entry's parameter): the gather says where
+        ("a.index_select(0, idx)", "b.index_select(0, idx)", True),
+        ("g.index_select(1, idx)", "beta[:, idx]", True),
+        ("g[0].index_select(0, idx)", "beta.squeeze(0)[idx]", True),
+        ("g.squeeze(0).unsqueeze(0)[:, idx]", "beta[:, idx]", True),
+        ("g.index_select(0, idx)", "beta[:, idx]", False),  # [1, T, H] by dim 0
+        ("g[idx]", "beta[idx]", False),
+        ("g[0].index_select(1, idx)", "beta[:, idx]", False),  # [T, H] by dim 1
+        ("g.squeeze(0)[:, idx]", "beta.squeeze(0)[idx]", False),
+        ("g.index_select(1, idx)", "beta[..., idx]", False),  # the axis cannot be told
+    ],
+)
+def test_the_token_axis_decides_a_gather(tmp_path: Path, g: str, beta: str, aligned: bool) -> None:
+    root = _write(tmp_path, {"vllm/fork/gdn.py": SMALL_T_MAJOR.format(g=g, beta=beta)})
+    _, sites = scan_tree(root)
+    statuses = {s.status.value for s in sites}
+    if aligned:
+        assert statuses == {"not_affected"}, [s.reason for s in sites]
+    else:
+        assert statuses and statuses <= {"unknown", "affected"}, [s.reason for s in sites]

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from gdn_backport.cst_nodes import code
+from gdn_backport.cst_nodes import code, walk
 from gdn_backport.site import ORDER, Status
 
 from .config import KernelSpec, Patchset
@@ -254,6 +254,10 @@ def _spec_call(record: CallRecord, kernel: KernelSpec) -> SpecCall | None:
             Status.NOT_AFFECTED,
             f"{kernel.name}: gates ({names}) carry the same rows as q/k/v on every path",
         )
+        if gathered and all(_has(g.vals, path, Prov.SPEC) for g in gates):
+            # Pre-0.18 upstream, OLMo, forks: g/beta computed for every token
+            # and gathered by the spec token index along their token axis.
+            reason += " (the gates are gathered by the spec token index, as q/k/v are)"
     return SpecCall(record, kernel, rows, gates, status, reason)
 
 
@@ -271,8 +275,35 @@ def _selected(gate: Vals, index: Vals) -> Vals:
                 prov = GATHERED[i.prov]
             else:
                 prov = Prov.CONFLICT
-            out.add(Val(a, prov, g.defs | i.defs))
+            out.add(Val(a, prov, g.defs | i.defs, g.lead))
     return frozenset(out)
+
+
+def _off_axis(flow: Flow, call: SpecCall) -> str:
+    """Why a gate's rows are unknown where it was selected by a token index
+    along another axis than its tokens' (``[T, H]`` by dim 1, ``[1, T, H]``
+    by dim 0): empty where no such selection reaches it."""
+    defs = {
+        i
+        for gate in call.gates
+        for v in _live(gate.vals, call.record.path)
+        for i in v.defs
+        if v.prov is Prov.CONFLICT
+    }
+    values = [flow.defs[i].value for i in sorted(defs)]
+    notes = []
+    for node, dim, lead in flow.off_axis:
+        if not any(value is not None and any(n is node for n in walk(value)) for value in values):
+            continue
+        shape = "[" + "1, " * (lead or 0) + "T, ...]"
+        along = f"dim {dim}" if dim is not None else "a dimension the analysis cannot tell"
+        note = (
+            f"`{code(node)}` selects along {along}, but the token axis of what it selects "
+            f"from is dim {lead} ({shape}): not the spec token rows"
+        )
+        if note not in notes:
+            notes.append(note)
+    return "; " + "; ".join(notes) if notes else ""
 
 
 def _consumes(record: CallRecord) -> bool:
@@ -454,6 +485,8 @@ def classify(flow: Flow, patchset: Patchset) -> Walk:
         if isinstance(found, str):
             ledger.append((record, found))
             continue
+        if found.status is Status.UNKNOWN and flow.off_axis:
+            found.reason += _off_axis(flow, found)
         found.chain = flow.chain(record.frame)
         found.select = _select_frame(flow, found)
         found.flow = flow
@@ -501,7 +534,9 @@ def walk_entry(
             patchset.benign
         )
 
-    walker = FlowWalker(patchset.fields, imports, resolver, stop, patchset.row_gathers)
+    walker = FlowWalker(
+        patchset.fields, imports, resolver, stop, patchset.row_gathers, patchset.leading_one
+    )
     flow = walker.run(func, scope, qualname, path, line, key, objects)
     return classify(flow, patchset)
 

@@ -259,7 +259,7 @@ class CallFollowing(WalkerState):
                 d.canon = canon
                 self.flow.defs.append(d)
                 self._bump(p)
-                new_env[p] = frozenset(Val(v.assume, v.prov, v.defs | {d.id}) for v in vals)
+                new_env[p] = frozenset(Val(v.assume, v.prov, v.defs | {d.id}, v.lead) for v in vals)
             # ``*args``/``**kwargs`` hold what no named parameter took: a
             # forwarding wrapper (``def w(**kw): return kernel(**kw)``) hands
             # the kernel the spec slots it was given, never nothing.

@@ -120,6 +120,9 @@ class Flow:
     # Definitions whose rows were gathered by some index somewhere: evidence
     # that a parameter really is a per-token tensor.
     gathered_defs: set[int] = field(default_factory=set)
+    # Selections by a token index along another axis than the tokens' (the
+    # expression, its dim or None, the token axis of what it selected from).
+    off_axis: list[tuple[cst.BaseExpression, int | None, int | None]] = field(default_factory=list)
     # Environment right after each simple statement line, keyed by (frame,
     # id(statement)): the rewriter checks that an inserted line sees the
     # values the call sees.
