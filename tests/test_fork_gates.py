@@ -342,3 +342,51 @@ def test_the_token_axis_decides_a_gather(tmp_path: Path, g: str, beta: str, alig
         assert statuses == {"not_affected"}, [s.reason for s in sites]
     else:
         assert statuses and statuses <= {"unknown", "affected"}, [s.reason for s in sites]
+
+
+# -- shape 3: a helper outside the tree gathers the rows ------------------------
+
+HELPER_CALLER = textwrap.dedent(f"""\
+    from vllm.model_executor.layers.fla.ops import {KERNEL}
+    from myfork.spec_utils import gather_spec_rows
+
+
+    class ForkGDN:
+        def _forward_core(self, mixed_qkv, b, a, core_attn_out, md):
+            idx = md.spec_token_indx
+            mixed_qkv_spec, a_spec, b_spec = gather_spec_rows(idx, mixed_qkv, a, b)
+            q, k, v = self.rearrange_mixed_qkv(mixed_qkv_spec)
+            out, _ = {KERNEL}(
+                A_log=self.A_log, a=a_spec, b=b_spec, dt_bias=self.dt_bias, q=q, k=k, v=v,
+                ssm_state_indices=md.spec_state_indices_tensor,
+                num_accepted_tokens=md.num_accepted_tokens,
+            )
+""")
+HELPER_FILES = {"vllm/myfork/__init__.py": "", "vllm/myfork/gdn.py": HELPER_CALLER}
+
+
+def test_a_gather_helper_missing_from_the_tree_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _write(tmp_path, HELPER_FILES)
+    _, sites = scan_tree(root)
+    (site,) = sites
+    assert site.status.value == "unknown"
+    assert "`gather_spec_rows` imported from `myfork.spec_utils`" in site.reason, site.reason
+    assert "does not hold: scan a tree that includes myfork/spec_utils.py" in site.reason
+    assert "ForkGDN._forward_core" in site.reason
+    code, _, err = run(capsys, "apply", str(root), "--patchset", "pr51812")
+    assert code == 2 and "myfork.spec_utils" in err, err
+
+
+def test_a_helper_in_the_tree_is_not_called_missing(tmp_path: Path) -> None:
+    # The module is there (a helper that forgets the gates): whatever the
+    # verdict, the reason never says the tree lacks it, and never clean.
+    helper = "def gather_spec_rows(idx, x, a, b):\n    return x.index_select(0, idx), a, b\n"
+    root = _write(
+        tmp_path, {**HELPER_FILES, "myfork/__init__.py": "", "myfork/spec_utils.py": helper}
+    )
+    _, sites = scan_tree(root)
+    (site,) = sites
+    assert site.status.value in ("unknown", "affected")
+    assert "does not hold" not in site.reason

@@ -279,6 +279,33 @@ def _selected(gate: Vals, index: Vals) -> Vals:
     return frozenset(out)
 
 
+def _missing_helpers(flow: Flow, call: SpecCall) -> str:
+    """Where rows the call cannot trace came from a function imported from a
+    module the tree given does not hold: which, and what would decide."""
+    vals = [v for vals in (*call.rows.values(), *(g.vals for g in call.gates)) for v in vals]
+    defs = {i for v in vals if v.prov in (Prov.CONFLICT, Prov.NONE) for i in v.defs}
+    values = [flow.defs[i].value for i in sorted(defs)]
+    notes = []
+    for record in flow.calls:
+        if record.missing is None:
+            continue
+        node = record.node
+        if not any(value is not None and any(n is node for n in walk(value)) for value in values):
+            continue
+        module, _, name = record.missing.rpartition(".")
+        where = flow.frames[record.frame].qualname
+        note = (
+            f"the rows come from `{code(node.func)}(...)` in {where}, `{name}` imported from "
+            f"`{module}`, which the tree given does not hold: scan a tree that includes "
+            f"{module.replace('.', '/')}.py (or its package) so the tool can follow it "
+            "(a function that gathers rows cannot be declared; .gdn-backport.toml "
+            "declares kernels only)"
+        )
+        if note not in notes:
+            notes.append(note)
+    return "; " + "; ".join(notes) if notes else ""
+
+
 def _off_axis(flow: Flow, call: SpecCall) -> str:
     """Why a gate's rows are unknown where it was selected by a token index
     along another axis than its tokens' (``[T, H]`` by dim 1, ``[1, T, H]``
@@ -487,6 +514,8 @@ def classify(flow: Flow, patchset: Patchset) -> Walk:
             continue
         if found.status is Status.UNKNOWN and flow.off_axis:
             found.reason += _off_axis(flow, found)
+        if found.status is Status.UNKNOWN:
+            found.reason += _missing_helpers(flow, found)
         found.chain = flow.chain(record.frame)
         found.select = _select_frame(flow, found)
         found.flow = flow

@@ -90,6 +90,9 @@ class CallRecord:
     unfollowed: str | None = None
     # The receiver values of ``x.method(...)`` (None for plain calls).
     owner: Vals | None = None
+    # The dotted name of an imported function the tree given does not hold
+    # (``myfork.spec_utils.gather_spec_rows`` with that module missing).
+    missing: str | None = None
 
 
 @dataclass
