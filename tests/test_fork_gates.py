@@ -390,3 +390,104 @@ def test_a_helper_in_the_tree_is_not_called_missing(tmp_path: Path) -> None:
     (site,) = sites
     assert site.status.value in ("unknown", "affected")
     assert "does not hold" not in site.reason
+
+
+# -- shape 4: a second spec path, for tree speculation ---------------------------
+
+TREE_SPEC = textwrap.dedent("""\
+    import functools
+
+    import torch
+    from vllm.model_executor.layers.fla.ops import (
+        fused_recurrent_gated_delta_rule,
+        fused_sigmoid_gating_delta_rule_update,
+    )
+    from vllm.model_executor.models.qwen3_next import fused_gdn_gating
+
+
+    class TreeSpecGDN:
+        def _forward_core(self, mixed_qkv, b, a, core_attn_out, md):
+            if md.tree_attn_bias is not None:
+                return self._forward_tree_spec(mixed_qkv, b, a, core_attn_out, md)
+            idx = md.spec_token_indx
+            a_spec = a.index_select(0, idx)
+            b_spec = b.index_select(0, idx)
+            q, k, v = self.rearrange_mixed_qkv(mixed_qkv.index_select(0, idx))
+            out, _ = fused_sigmoid_gating_delta_rule_update(
+                A_log=self.A_log, a=a_spec, b=b_spec, dt_bias=self.dt_bias, q=q, k=k, v=v,
+                ssm_state_indices=md.spec_state_indices_tensor,
+                num_accepted_tokens=md.num_accepted_tokens,
+            )
+
+        def _forward_tree_spec(self, mixed_qkv, b, a, core_attn_out, md):
+            spec_token_indx = md.spec_token_indx
+            q, k, v = self.rearrange_mixed_qkv(mixed_qkv.index_select(0, spec_token_indx))
+            g, beta = fused_gdn_gating(self.A_log, a, b, self.dt_bias)
+            g_spec = {g}
+            beta_spec = {beta}
+    {call}
+    """)
+TREE_CALL = """\
+        out, _ = fused_recurrent_gated_delta_rule(
+            q=q, k=k, v=v, g=g_spec, beta=beta_spec, initial_state=self.state,
+            ssm_state_indices=md.spec_state_indices_tensor,
+            num_accepted_tokens=md.num_accepted_tokens,
+        )"""
+TREE_PARTIAL = """\
+        run = functools.partial(fused_recurrent_gated_delta_rule, initial_state=self.state)
+        out, _ = run(
+            q=q, k=k, v=v, g=g_spec, beta=beta_spec,
+            ssm_state_indices=md.spec_state_indices_tensor,
+        )"""
+
+
+def _tree_spec(tmp_path: Path, g: str, beta: str, call: str = TREE_CALL) -> dict[str, object]:
+    text = TREE_SPEC.format(g=g, beta=beta, call=call)
+    compile(text, "tree_spec", "exec")
+    root = _write(tmp_path, {"vllm/fork/tree_gdn.py": text})
+    _, sites = scan_tree(root)
+    tree_sites = [
+        s
+        for s in sites
+        if "fused_recurrent_gated_delta_rule" in s.reason or ("_forward_tree_spec" in s.function)
+    ]
+    assert tree_sites, [(s.function, s.reason) for s in sites]
+    worst = min(
+        tree_sites,
+        key=lambda s: ["affected", "unknown", "fixed", "not_affected"].index(s.status.value),
+    )
+    return {"status": worst.status.value, "reason": worst.reason, "function": worst.function}
+
+
+def test_a_tree_spec_path_gathered_by_the_spec_index_is_not_affected(tmp_path: Path) -> None:
+    site = _tree_spec(tmp_path, "g.index_select(1, spec_token_indx)", "beta[:, spec_token_indx]")
+    assert site["status"] == "not_affected", site
+    assert "gathered by the spec token index" in str(site["reason"])
+
+
+@pytest.mark.parametrize(
+    ("g", "beta"),
+    [
+        ("g", "beta"),  # every token's gates beside the spec rows of q/k/v
+        ("g.index_select(1, md.non_spec_token_indx)", "beta[:, spec_token_indx]"),
+    ],
+)
+def test_a_tree_spec_path_with_misaligned_gates_is_affected(
+    tmp_path: Path, g: str, beta: str
+) -> None:
+    site = _tree_spec(tmp_path, g, beta)
+    assert site["status"] == "affected", site
+
+
+def test_a_tree_spec_path_the_analysis_cannot_follow_names_what_stopped_it(
+    tmp_path: Path,
+) -> None:
+    site = _tree_spec(tmp_path, "g", "beta", TREE_PARTIAL)
+    assert site["status"] == "unknown", site
+    reason = str(site["reason"])
+    text = (tmp_path / "tree" / "vllm/fork/tree_gdn.py").read_text().splitlines()
+    line = next(i for i, t in enumerate(text, 1) if "functools.partial(" in t)
+    assert (
+        f"`run` is `functools.partial(fused_recurrent_gated_delta_rule, ...)` at line {line} "
+        "of TreeSpecGDN._forward_tree_spec"
+    ) in reason, reason

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from gdn_backport.cst_nodes import code, walk
+from gdn_backport.cst_nodes import code, dotted, walk
 from gdn_backport.site import ORDER, Status
 
 from .config import KernelSpec, Patchset
@@ -279,6 +279,52 @@ def _selected(gate: Vals, index: Vals) -> Vals:
     return frozenset(out)
 
 
+def line_of(frame: Frame, stmt: cst.CSTNode) -> int | None:
+    """The line of ``stmt`` in its file, from its frame's ``def`` line (the
+    first line of the function's text that reads as the statement's first)."""
+    lines = cst.Module([]).code_for_node(frame.func).splitlines()
+    first = code(stmt).strip().splitlines()
+    if not first:
+        return None
+    start = next(
+        (i for i, t in enumerate(lines) if t.lstrip().startswith(("def ", "async def "))), None
+    )
+    if start is None:
+        return None
+    for i in range(start, len(lines)):
+        if lines[i].strip() == first[0].strip():
+            return frame.line + i - start
+    return None
+
+
+def _partial_of_kernel(flow: Flow, call: SpecCall, patchset: Patchset) -> str:
+    """For a call of a local bound to ``functools.partial(kernel, ...)``:
+    what stopped the analysis, and where (empty otherwise)."""
+    func = call.record.node.func
+    if call.kernel is not None or not isinstance(func, cst.Name):
+        return ""
+    for d in flow.defs:
+        value = d.value
+        if d.name != func.value or d.frame != call.record.frame or not isinstance(value, cst.Call):
+            continue
+        callee = dotted(value.func) or ""
+        if callee.rsplit(".", 1)[-1] != "partial" or not value.args:
+            continue
+        bound = dotted(value.args[0].value) or ""
+        kernel = patchset.kernel_for(bound.rsplit(".", 1)[-1])
+        if kernel is None:
+            continue
+        frame = flow.frames[d.frame]
+        line = line_of(frame, d.stmt)
+        at = f"line {line}" if line is not None else "its definition"
+        return (
+            f"`{func.value}` is `{code(value.func)}({kernel.name}, ...)` at {at} of "
+            f"{frame.qualname}: a kernel bound by a partial, which the analysis does not "
+            "follow (call the kernel by its name with its arguments written out); "
+        )
+    return ""
+
+
 def _missing_helpers(flow: Flow, call: SpecCall) -> str:
     """Where rows the call cannot trace came from a function imported from a
     module the tree given does not hold: which, and what would decide."""
@@ -515,6 +561,7 @@ def classify(flow: Flow, patchset: Patchset) -> Walk:
         if found.status is Status.UNKNOWN and flow.off_axis:
             found.reason += _off_axis(flow, found)
         if found.status is Status.UNKNOWN:
+            found.reason = _partial_of_kernel(flow, found, patchset) + found.reason
             found.reason += _missing_helpers(flow, found)
         found.chain = flow.chain(record.frame)
         found.select = _select_frame(flow, found)
