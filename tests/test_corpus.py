@@ -48,6 +48,9 @@ CI_VERIFY = (
     ("0.21.0", "imported_helper", "gather"),
     ("0.18.1", "fork_kernel_declared", "gather"),
     ("0.27.1", "none_guard", "gather"),
+    # Gates staged through None-initialised locals, gathered before the call
+    # (issue 24): the regression suite runs the patched layer.
+    ("0.27.1", "staged_gates", "gather"),
     ("0.21.0", "identity_index", "gather"),
     ("0.27.1", "helper_fixed", "gather"),
 )

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from gdn_backport.cst_nodes import code
+from gdn_backport.cst_nodes import code, dotted, walk
 from gdn_backport.site import ORDER, Status
 
 from .config import KernelSpec, Patchset
@@ -254,6 +254,10 @@ def _spec_call(record: CallRecord, kernel: KernelSpec) -> SpecCall | None:
             Status.NOT_AFFECTED,
             f"{kernel.name}: gates ({names}) carry the same rows as q/k/v on every path",
         )
+        if gathered and all(_has(g.vals, path, Prov.SPEC) for g in gates):
+            # Pre-0.18 upstream, OLMo, forks: g/beta computed for every token
+            # and gathered by the spec token index along their token axis.
+            reason += " (the gates are gathered by the spec token index, as q/k/v are)"
     return SpecCall(record, kernel, rows, gates, status, reason)
 
 
@@ -271,8 +275,108 @@ def _selected(gate: Vals, index: Vals) -> Vals:
                 prov = GATHERED[i.prov]
             else:
                 prov = Prov.CONFLICT
-            out.add(Val(a, prov, g.defs | i.defs))
+            out.add(Val(a, prov, g.defs | i.defs, g.lead))
     return frozenset(out)
+
+
+def line_of(frame: Frame, stmt: cst.CSTNode) -> int | None:
+    """The line of ``stmt`` in its file, from its frame's ``def`` line (the
+    first line of the function's text that reads as the statement's first)."""
+    lines = cst.Module([]).code_for_node(frame.func).splitlines()
+    first = code(stmt).strip().splitlines()
+    if not first:
+        return None
+    start = next(
+        (i for i, t in enumerate(lines) if t.lstrip().startswith(("def ", "async def "))), None
+    )
+    if start is None:
+        return None
+    for i in range(start, len(lines)):
+        if lines[i].strip() == first[0].strip():
+            return frame.line + i - start
+    return None
+
+
+def _partial_of_kernel(flow: Flow, call: SpecCall, patchset: Patchset) -> str:
+    """For a call of a local bound to ``functools.partial(kernel, ...)``:
+    what stopped the analysis, and where (empty otherwise)."""
+    func = call.record.node.func
+    if call.kernel is not None or not isinstance(func, cst.Name):
+        return ""
+    for d in flow.defs:
+        value = d.value
+        if d.name != func.value or d.frame != call.record.frame or not isinstance(value, cst.Call):
+            continue
+        callee = dotted(value.func) or ""
+        if callee.rsplit(".", 1)[-1] != "partial" or not value.args:
+            continue
+        bound = dotted(value.args[0].value) or ""
+        kernel = patchset.kernel_for(bound.rsplit(".", 1)[-1])
+        if kernel is None:
+            continue
+        frame = flow.frames[d.frame]
+        line = line_of(frame, d.stmt)
+        at = f"line {line}" if line is not None else "its definition"
+        return (
+            f"`{func.value}` is `{code(value.func)}({kernel.name}, ...)` at {at} of "
+            f"{frame.qualname}: a kernel bound by a partial, which the analysis does not "
+            "follow (call the kernel by its name with its arguments written out); "
+        )
+    return ""
+
+
+def _missing_helpers(flow: Flow, call: SpecCall) -> str:
+    """Where rows the call cannot trace came from a function imported from a
+    module the tree given does not hold: which, and what would decide."""
+    vals = [v for vals in (*call.rows.values(), *(g.vals for g in call.gates)) for v in vals]
+    defs = {i for v in vals if v.prov in (Prov.CONFLICT, Prov.NONE) for i in v.defs}
+    values = [flow.defs[i].value for i in sorted(defs)]
+    notes = []
+    for record in flow.calls:
+        if record.missing is None:
+            continue
+        node = record.node
+        if not any(value is not None and any(n is node for n in walk(value)) for value in values):
+            continue
+        module, _, name = record.missing.rpartition(".")
+        where = flow.frames[record.frame].qualname
+        note = (
+            f"the rows come from `{code(node.func)}(...)` in {where}, `{name}` imported from "
+            f"`{module}`, which the tree given does not hold: scan a tree that includes "
+            f"{module.replace('.', '/')}.py (or its package) so the tool can follow it "
+            "(a function that gathers rows cannot be declared; .gdn-backport.toml "
+            "declares kernels only)"
+        )
+        if note not in notes:
+            notes.append(note)
+    return "; " + "; ".join(notes) if notes else ""
+
+
+def _off_axis(flow: Flow, call: SpecCall) -> str:
+    """Why a gate's rows are unknown where it was selected by a token index
+    along another axis than its tokens' (``[T, H]`` by dim 1, ``[1, T, H]``
+    by dim 0): empty where no such selection reaches it."""
+    defs = {
+        i
+        for gate in call.gates
+        for v in _live(gate.vals, call.record.path)
+        for i in v.defs
+        if v.prov is Prov.CONFLICT
+    }
+    values = [flow.defs[i].value for i in sorted(defs)]
+    notes = []
+    for node, dim, lead in flow.off_axis:
+        if not any(value is not None and any(n is node for n in walk(value)) for value in values):
+            continue
+        shape = "[" + "1, " * (lead or 0) + "T, ...]"
+        along = f"dim {dim}" if dim is not None else "a dimension the analysis cannot tell"
+        note = (
+            f"`{code(node)}` selects along {along}, but the token axis of what it selects "
+            f"from is dim {lead} ({shape}): not the spec token rows"
+        )
+        if note not in notes:
+            notes.append(note)
+    return "; " + "; ".join(notes) if notes else ""
 
 
 def _consumes(record: CallRecord) -> bool:
@@ -454,6 +558,11 @@ def classify(flow: Flow, patchset: Patchset) -> Walk:
         if isinstance(found, str):
             ledger.append((record, found))
             continue
+        if found.status is Status.UNKNOWN and flow.off_axis:
+            found.reason += _off_axis(flow, found)
+        if found.status is Status.UNKNOWN:
+            found.reason = _partial_of_kernel(flow, found, patchset) + found.reason
+            found.reason += _missing_helpers(flow, found)
         found.chain = flow.chain(record.frame)
         found.select = _select_frame(flow, found)
         found.flow = flow
@@ -501,7 +610,9 @@ def walk_entry(
             patchset.benign
         )
 
-    walker = FlowWalker(patchset.fields, imports, resolver, stop, patchset.row_gathers)
+    walker = FlowWalker(
+        patchset.fields, imports, resolver, stop, patchset.row_gathers, patchset.leading_one
+    )
     flow = walker.run(func, scope, qualname, path, line, key, objects)
     return classify(flow, patchset)
 

@@ -91,6 +91,9 @@ class Patchset:
     # call site's ``gather_token_rows``.
     row_gathers: frozenset[str] = frozenset()
     sweep: SweepNames = SweepNames()
+    # Functions (by short name) that return per-token tensors shaped
+    # ``[1, T, ...]`` (``fused_gdn_gating``): their token axis is dim 1.
+    leading_one: frozenset[str] = frozenset()
 
     def kernel_for(self, callee: str | None) -> KernelSpec | None:
         """The kernel a call of ``callee`` is, if any."""
@@ -211,6 +214,11 @@ def parse(data: dict[str, Any], where: str) -> Patchset:
         kernels=kernels,
         row_gathers=_row_gathers(data, where),
         sweep=_sweep(data, where),
+        leading_one=frozenset(
+            _names(_get(data, "layout", dict, where), "leading_one", f"{where}: layout")
+        )
+        if "layout" in data
+        else frozenset(),
     )
 
 

@@ -102,6 +102,12 @@ class Val:
     assume: Assume
     prov: Prov
     defs: frozenset[int] = frozenset()
+    # For row tensors: how many dimensions come before the token axis (0 for
+    # ``[T, H]``, 1 for ``[1, T, H]``, as ``fused_gdn_gating`` returns), where
+    # the analysis knows it (None: not known, as for an entry's parameters or
+    # what an unknown function returns). Where known, a gather selects token
+    # rows only along that axis.
+    lead: int | None = None
 
 
 NONE_VAL = Val(NO_ASSUME, Prov.NONE)

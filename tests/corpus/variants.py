@@ -666,6 +666,25 @@ def _gate_reassigned(s: Subject) -> None:
     s.insert_before(s.statement_of(s.spec_call()), "a = a.contiguous()\n")
 
 
+STAGED_GATES = """\
+a_in = None
+b_in = None
+if not (a.is_contiguous() and b.is_contiguous()):
+    a_in = a.contiguous()
+    b_in = b.contiguous()
+if a_in is None:
+    a_in = a
+if b_in is None:
+    b_in = b
+"""
+
+
+def _staged_gates(s: Subject) -> None:
+    call = s.spec_call()
+    s.set_call(call, _set_arg(_set_arg(call, "a", "a_in"), "b", "b_in"))
+    s.insert_before(s.statement_of(s.spec_call()), STAGED_GATES)
+
+
 def _inline_gate_gather(s: Subject) -> None:
     call = s.spec_call()
     s.set_call(
@@ -1127,9 +1146,17 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "gate_reassigned",
-        "`a = a.contiguous()` between the gather and the call",
+        "`a = a.contiguous()` between the gather and the call: gathered right before it",
         _gate_reassigned,
+        PATCHED,
         refused("reassigned between the spec gather and the kernel call"),
+    ),
+    Variant(
+        "staged_gates",
+        "gates staged through locals that start as None and are set under a condition "
+        "before the call: their rows chosen again right before it",
+        _staged_gates,
+        PATCHED,
         refused("reassigned between the spec gather and the kernel call"),
     ),
     Variant(

@@ -28,7 +28,7 @@ from libcst.codemod import CodemodContext, SkipFile
 
 from gdn_backport import files
 from gdn_backport.codemod import Command
-from gdn_backport.cst_nodes import code, names_in, walk
+from gdn_backport.cst_nodes import children_of, code, names_in, walk
 from gdn_backport.errors import Refusal
 from gdn_backport.site import Status
 
@@ -73,6 +73,24 @@ class Plan:
     )
     # the original node -> how to rebuild it from its updated self
     edits: dict[NodeRef, Edit] = field(default_factory=dict)
+    # the statement -> statements to insert before it (a gate gathered right
+    # before the kernel call, where the upstream placement cannot see the
+    # value the call reads)
+    before: dict[NodeRef, list[cst.BaseStatement]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+
+    def merge(self, other: Plan) -> None:
+        """Add ``other``'s edits to this plan (lines already planned once)."""
+        for ref, lines in other.inserts.items():
+            have = self.inserts[ref]
+            for line in lines:
+                if not any(code(x) == code(line) for x in have):
+                    have.append(line)
+        for ref, statements in other.before.items():
+            for statement in statements:
+                add_before(self.before[ref], statement)
+        self.edits.update(other.edits)
 
 
 @dataclass
@@ -81,6 +99,7 @@ class _Bound:
 
     inserts: dict[int, list[cst.SimpleStatementLine]]
     edits: dict[int, Edit]
+    before: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
 
 
 def live(vals: frozenset[Val], path: frozenset[tuple[str, bool]]) -> list[Val]:
@@ -152,6 +171,78 @@ class Planner:
             if isinstance(node, cst.IndentedBlock):
                 for i, stmt in enumerate(node.body):
                     self.blocks[id(stmt)] = (node, i)
+        self._parent: dict[int, cst.CSTNode] | None = None
+
+    def ancestors(self, node: cst.CSTNode) -> list[cst.CSTNode]:
+        """The nodes of this function holding ``node``, innermost first."""
+        if self._parent is None:
+            parent: dict[int, cst.CSTNode] = {}
+            stack: list[cst.CSTNode] = [self.func]
+            while stack:
+                current = stack.pop()
+                for child in children_of(current):
+                    parent[id(child)] = current
+                    stack.append(child)
+            self._parent = parent
+        out = []
+        current = node
+        while id(current) in self._parent:
+            current = self._parent[id(current)]
+            out.append(current)
+        return out
+
+    def gather_before_call(
+        self,
+        plan: Plan,
+        call: SpecCall,
+        name: str,
+        new: str,
+        gate_line: Callable[[Selection], cst.SimpleStatementLine],
+    ) -> None:
+        """Plan the gate's selection right before the kernel call's line: the
+        selection of the q/k/v rows repeated (the ``if`` that chose them, its
+        tests as written, each arm's line for the gate), for a gate staged
+        after the q/k/v rows were chosen (``a_in = None ... if a_in is None:
+        a_in = a.contiguous()``), where the line after the q/k/v selection
+        cannot see the value the call reads. The tests must read what they
+        read where they were written; the proof of the rewrite holds every
+        path to that."""
+        reassigned = f"`{name}` is reassigned between the spec gather and the kernel call"
+        if call.record.frame != self.frame.id:
+            raise Refusal(f"{reassigned}, which sits in a helper")
+        holders = self.ancestors(call.record.node)
+        stmt = next((n for n in holders if id(n) in self.blocks), None)
+        if stmt is None:
+            raise Refusal(f"{reassigned}, and the call is not on a line of its own")
+        selections = self.selections(call)
+        if not selections:
+            raise Refusal(reassigned)
+        lines = {id(sel.definition.stmt): sel for sel in selections}
+        reads: set[str] = set()
+        if len(selections) == 1 and selections[0].kind == "gather":
+            structure: cst.BaseStatement = gate_line(selections[0])
+        else:
+            shared = None
+            for sel in selections:
+                ifs = [n for n in self.ancestors(sel.definition.stmt)
+                       if isinstance(n, cst.If) and id(n) in self.blocks]  # fmt: skip
+                ids = {id(n) for n in ifs}
+                shared = ifs if shared is None else [n for n in shared if id(n) in ids]
+            if not shared:
+                raise Refusal(f"{reassigned}, and the spec rows are not chosen by one `if`")
+            choice = shared[0]
+            if any(n is choice for n in holders):
+                raise Refusal(f"{reassigned}, inside the `if` that chooses the spec rows")
+            structure = _repeat(choice, lines, gate_line, reads)
+        for sel in selections:
+            here = sel.definition.stmt
+            for n in sorted(reads | {m.value for m in names_in(gate_line(sel))} - {name, new}):
+                if self.defs_at(here, n) != self.defs_at(stmt, n):
+                    raise Refusal(
+                        f"{reassigned}, and `{n}` changes before the call: the spec rows "
+                        "cannot be chosen again there"
+                    )
+        add_before(plan.before[self.ref(stmt)], structure)
 
     def _latest(self, defs: frozenset[int], name: str) -> int:
         """The last definition of ``name`` in this frame a value went through."""
@@ -302,6 +393,105 @@ class Planner:
         return (self.frame.key, id(node))
 
 
+def _repeat(
+    choice: cst.If,
+    lines: dict[int, Selection],
+    gate_line: Callable[[Selection], cst.SimpleStatementLine],
+    reads: set[str],
+) -> cst.If:
+    """``choice`` with each selection line replaced by the gate's, every other
+    line left out, its tests as written (their names added to ``reads``)."""
+
+    def block(body: cst.BaseSuite) -> cst.IndentedBlock:
+        if not isinstance(body, cst.IndentedBlock):
+            raise Refusal("the `if` that chooses the spec rows is written on one line")
+        out: list[cst.BaseStatement] = []
+        for stmt in body.body:
+            if id(stmt) in lines:
+                out.append(gate_line(lines[id(stmt)]))
+            elif isinstance(stmt, cst.If):
+                inner = arm(stmt)
+                if any(id(n) in lines for n in walk(stmt)):
+                    out.append(inner)
+            elif any(id(n) in lines for n in walk(stmt)):
+                raise Refusal("the spec rows are chosen inside a loop, `with` or `try`")
+        return body.with_changes(body=out or [cst.SimpleStatementLine([cst.Pass()])])
+
+    def arm(node: cst.If) -> cst.If:
+        test = node.test
+        if any(isinstance(n, (cst.Call, cst.NamedExpr, cst.Await)) for n in walk(test)):
+            raise Refusal(
+                f"the test `{code(test)}` that chooses the spec rows calls a function: "
+                "it cannot be repeated before the kernel call"
+            )
+        reads.update(n.value for n in names_in(test))
+        orelse = node.orelse
+        if isinstance(orelse, cst.If):
+            new_else: cst.If | cst.Else | None = arm(orelse)
+        elif isinstance(orelse, cst.Else):
+            new_else = orelse.with_changes(body=block(orelse.body), leading_lines=[])
+        else:
+            new_else = None
+        return node.with_changes(body=block(node.body), orelse=new_else, leading_lines=[])
+
+    return arm(choice)
+
+
+def add_before(have: list[cst.BaseStatement], structure: cst.BaseStatement) -> None:
+    """Add ``structure`` to the lines planned before one statement: once, and
+    an ``if`` of the same tests as a planned one joined with it."""
+    for i, x in enumerate(have):
+        if code(x) == code(structure):
+            return
+        if (
+            isinstance(x, cst.If)
+            and isinstance(structure, cst.If)
+            and _shape(x) == _shape(structure)
+        ):
+            have[i] = _zip(x, structure)  # one `if` for both gates
+            return
+    have.append(structure)
+
+
+def _shape(node: cst.CSTNode) -> object:
+    """An ``if`` built by :func:`_repeat` without its gate lines' text."""
+    if isinstance(node, cst.If):
+        orelse = node.orelse
+        rest = _shape(orelse) if orelse is not None else None
+        return ("if", code(node.test), _shape(node.body), rest)
+    if isinstance(node, cst.Else):
+        return ("else", _shape(node.body))
+    if isinstance(node, cst.IndentedBlock):
+        return tuple(_shape(s) for s in node.body)
+    return "line"
+
+
+def _zip(left: cst.If, right: cst.If) -> cst.If:
+    """Two ``if``s of one :func:`_shape`, their lines side by side."""
+
+    def block(x: cst.BaseSuite, y: cst.BaseSuite) -> cst.BaseSuite:
+        assert isinstance(x, cst.IndentedBlock) and isinstance(y, cst.IndentedBlock)
+        out: list[cst.BaseStatement] = []
+        for a, b in zip(x.body, y.body, strict=True):
+            if isinstance(a, cst.If) and isinstance(b, cst.If):
+                out.append(_zip(a, b))
+            elif code(a) == code(b):
+                out.append(a)  # ``pass``
+            else:
+                out.extend([a, b])
+        return x.with_changes(body=out)
+
+    orelse = left.orelse
+    other = right.orelse
+    if isinstance(orelse, cst.If) and isinstance(other, cst.If):
+        new_else: cst.If | cst.Else | None = _zip(orelse, other)
+    elif isinstance(orelse, cst.Else) and isinstance(other, cst.Else):
+        new_else = orelse.with_changes(body=block(orelse.body, other.body))
+    else:
+        new_else = orelse
+    return left.with_changes(body=block(left.body, right.body), orelse=new_else)
+
+
 class _Rewriter(cst.CSTTransformer):
     def __init__(self, plan: _Bound) -> None:
         self.plan = plan
@@ -310,10 +500,16 @@ class _Rewriter(cst.CSTTransformer):
     def leave_IndentedBlock(
         self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
     ) -> cst.IndentedBlock:
-        if not any(id(s) in self.plan.inserts for s in original_node.body):
+        plan = self.plan
+        if not any(id(s) in plan.inserts or id(s) in plan.before for s in original_node.body):
             return updated_node
         body: list[cst.BaseStatement] = []
         for orig, upd in zip(original_node.body, updated_node.body, strict=True):
+            if id(orig) in plan.before:
+                # Above the statement and its own comments (its leading
+                # lines belong to it and stay with it).
+                body.extend(plan.before[id(orig)])
+                self.applied.add(id(orig))
             body.append(upd)
             if id(orig) in self.plan.inserts:
                 body.extend(self.plan.inserts[id(orig)])
@@ -355,6 +551,7 @@ def _onto(plan: Plan, tree: cst.Module, funcs: dict[Key, cst.FunctionDef]) -> _B
         return _Bound(
             {moved[ref]: lines for ref, lines in plan.inserts.items()},
             {moved[ref]: edit for ref, edit in plan.edits.items()},
+            {moved[ref]: lines for ref, lines in plan.before.items()},
         )
     except KeyError as exc:
         raise Refusal("a planned edit lies outside the functions it rewrites") from exc
@@ -489,7 +686,7 @@ class SiteCodemod(Command):
         bound = _onto(plan, tree, {p.frame.key: p.func for p in planners.values()})
         rewriter = _Rewriter(bound)
         new_tree = tree.visit(rewriter)
-        if rewriter.applied != set(bound.inserts) | set(bound.edits):
+        if rewriter.applied != set(bound.inserts) | set(bound.edits) | set(bound.before):
             raise Refusal("some planned edits found no place in the tree")
         self._sites = sites
         return new_tree

@@ -280,6 +280,77 @@ def spec_step(self, mixed_qkv, b, a, md):
     return out
 """
 
+# The same gate gathered right before the call, where it holds what the
+# call reads (b, not reassigned, gets upstream's placement).
+GATE_REASSIGNED_FIXED = """\
+def spec_step(self, mixed_qkv, b, a, md):
+    idx = md.spec_token_indx
+    mixed_qkv_spec = mixed_qkv.index_select(0, idx)
+    b_spec = b.index_select(0, idx)
+    q, k, v = self.rearrange_mixed_qkv(mixed_qkv_spec)
+    a = a.float()
+    a_spec = a.index_select(0, idx)
+    out, _ = fused_sigmoid_gating_delta_rule_update(
+        A_log=self.A_log, a=a_spec, b=b_spec, dt_bias=self.dt_bias, q=q, k=k, v=v,
+        ssm_state_indices=md.spec_state_indices_tensor,
+        num_accepted_tokens=md.num_accepted_tokens,
+    )
+    return out
+"""
+
+# Gates staged through locals that start as None and are set under a
+# condition after q/k/v's rows were chosen: the rows of each gate are chosen
+# again right before the call, by the `if` that chose q/k/v's.
+_STAGED = """\
+class Layer:
+    def _forward_core(self, mixed_qkv, b, a, core_attn_out):
+        m = get_forward_context().attn_metadata[self.prefix]
+        spec_sequence_masks = m.spec_sequence_masks
+        spec_token_indx = m.spec_token_indx
+        if spec_sequence_masks is not None:
+            if {test}:
+                mixed_qkv_spec = mixed_qkv
+            else:
+                mixed_qkv_spec = mixed_qkv.index_select(0, spec_token_indx)
+        else:
+            mixed_qkv_spec = None
+        query_spec, key_spec, value_spec = self.rearrange_mixed_qkv(mixed_qkv_spec)
+        a_in = None
+        b_in = None
+        if spec_sequence_masks is not None and self.fp32_gates:
+            a_in = a.float()
+            b_in = b.float()
+        if a_in is None:
+            a_in = a.contiguous()
+        if b_in is None:
+            b_in = b.contiguous()
+        if spec_sequence_masks is not None:
+{gather}            out_spec, _ = fused_sigmoid_gating_delta_rule_update(
+                A_log=self.A_log, a={a}, b={b}, dt_bias=self.dt_bias,
+                q=query_spec, k=key_spec, v=value_spec, initial_state=self.kv_cache[1],
+                ssm_state_indices=m.spec_state_indices_tensor,
+                num_accepted_tokens=m.num_accepted_tokens,
+            )
+"""
+_PURE = "m.num_prefills == 0 and m.num_decodes == 0"
+STAGED_GATES = _STAGED.format(test=_PURE, gather="", a="a_in", b="b_in")
+STAGED_GATES_FIXED = _STAGED.format(
+    test=_PURE,
+    gather=f"""\
+            if {_PURE}:
+                a_in_spec = a_in
+                b_in_spec = b_in
+            else:
+                a_in_spec = a_in.index_select(0, spec_token_indx)
+                b_in_spec = b_in.index_select(0, spec_token_indx)
+""",
+    a="a_in_spec",
+    b="b_in_spec",
+)
+# The q/k/v rows chosen by a test that calls a method: repeating it before
+# the kernel call could choose otherwise, so the staged shape is refused.
+STAGED_GATES_CALLED_TEST = _STAGED.format(test="self.pure_spec(m)", gather="", a="a_in", b="b_in")
+
 # A kernel behind a fork's own wrapper: the gates are per-token (the
 # non-spec path gathers them) but what the wrapper does with them is unseen.
 WRAPPED_KERNEL = """\

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import ClassVar
 
 import libcst as cst
@@ -10,7 +11,7 @@ from gdn_backport.cst_nodes import index_select_parts
 
 from ..analysis import GateUse, SpecCall, gate_aligned
 from ..codemods import examples as ex
-from ..codemods.base import Edit, Plan, Planner, Refusal, SiteCodemod, live
+from ..codemods.base import Edit, Plan, Planner, Refusal, Selection, SiteCodemod, live
 from ..provenance import Prov, Val
 
 
@@ -71,6 +72,21 @@ def check_gate(planner: Planner, call: SpecCall, name: str, vals: frozenset[Val]
             raise Refusal(f"`{name}` is reassigned between the spec gather and the kernel call")
 
 
+def selected(sel: Selection, name: str) -> cst.BaseExpression:
+    """What the gate ``name`` is set to beside the q/k/v selection ``sel``."""
+    d = sel.definition
+    if sel.kind == "gather":
+        assert d.gather is not None
+        return mirror(d.gather, name)
+    return cst.Name(name)
+
+
+def _gate_line(name: str, new: str, sel: Selection) -> cst.SimpleStatementLine:
+    """``new = <name's rows as sel chose q/k/v's>``."""
+    value = selected(sel, name)
+    return cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(new))], value)])
+
+
 class GatherGatesCodemod(SiteCodemod):
     """Gather the gate rows of every affected GDN spec-kernel call.
 
@@ -97,13 +113,20 @@ class GatherGatesCodemod(SiteCodemod):
             new = planner.new_name(f"{name}_spec")
             # The new line must read the gate the call reads.
             expect = {name: (call, gate.vals)}
-            for sel in planner.selections(call):
-                d = sel.definition
-                if sel.kind == "gather":
-                    assert d.gather is not None
-                    planner.insert(plan, d, new, mirror(d.gather, name), expect)
-                else:
-                    planner.insert(plan, d, new, cst.Name(name), expect)
+            here = Plan()
+            try:
+                for sel in planner.selections(call):
+                    d = sel.definition
+                    planner.insert(here, d, new, selected(sel, name), expect)
+            except Refusal as exc:
+                if "is reassigned between" not in str(exc):
+                    raise
+                # The gate is set after the q/k/v rows were chosen (staged
+                # through a local, or made contiguous): choose its rows
+                # right before the call, the way q/k/v's were chosen.
+                here = Plan()
+                planner.gather_before_call(here, call, name, new, partial(_gate_line, name, new))
+            plan.merge(here)
             plan.edits[planner.ref(arg)] = _rename_arg(new)
 
     # Examples, run by tests/test_codemods.py (before -> after; after again ->
@@ -115,6 +138,8 @@ class GatherGatesCodemod(SiteCodemod):
         (ex.NO_FAST_PATH, ex.NO_FAST_PATH_FIXED),
         (ex.MASKED, ex.MASKED_FIXED),
         (ex.ONE_GATE, ex.ONE_GATE_FIXED),
+        (ex.GATE_REASSIGNED, ex.GATE_REASSIGNED_FIXED),
+        (ex.STAGED_GATES, ex.STAGED_GATES_FIXED),
     )
     UNCHANGED: ClassVar[tuple[str, ...]] = (
         ex.UPSTREAM_SHAPE_FIXED,
@@ -122,7 +147,7 @@ class GatherGatesCodemod(SiteCodemod):
         ex.NO_SPEC_PATH,
     )
     REFUSES: ClassVar[tuple[tuple[str, str], ...]] = (
-        (ex.GATE_REASSIGNED, "reassigned between the spec gather and the kernel call"),
+        (ex.STAGED_GATES_CALLED_TEST, "calls a function: it cannot be repeated"),
         (ex.WRAPPED_KERNEL, "not a known kernel"),
         (ex.STARRED, "*args/**kwargs"),
         (ex.GATE_EXPRESSION, "passed as an expression"),

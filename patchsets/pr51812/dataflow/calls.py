@@ -176,6 +176,14 @@ class CallFollowing(WalkerState):
             return None
         target = self.resolver.resolve(scope, written, resolved or written)
         if target is None:
+            head_import = self.state.imports.get(written.partition(".")[0])
+            if (
+                head_import is not None
+                and resolved is not None
+                and "." in resolved
+                and not resolved.startswith(("torch.", "numpy.", "triton.", "einops."))
+            ):
+                record.missing = resolved
             return None
         carries = any(v.prov in SPEC_PATH for _, _, vals in record.args for v in vals)
         if not (carries or target.relevant):
@@ -259,7 +267,7 @@ class CallFollowing(WalkerState):
                 d.canon = canon
                 self.flow.defs.append(d)
                 self._bump(p)
-                new_env[p] = frozenset(Val(v.assume, v.prov, v.defs | {d.id}) for v in vals)
+                new_env[p] = frozenset(Val(v.assume, v.prov, v.defs | {d.id}, v.lead) for v in vals)
             # ``*args``/``**kwargs`` hold what no named parameter took: a
             # forwarding wrapper (``def w(**kw): return kernel(**kw)``) hands
             # the kernel the spec slots it was given, never nothing.

@@ -41,7 +41,9 @@ class Expressions(WalkerState):
         if isinstance(node, cst.UnaryOperation):
             vals = self.ev(node.expression, env)
             if isinstance(node.operator, cst.BitInvert):
-                return frozenset(Val(v.assume, INVERT.get(v.prov, v.prov), v.defs) for v in vals)
+                return frozenset(
+                    Val(v.assume, INVERT.get(v.prov, v.prov), v.defs, v.lead) for v in vals
+                )
             return vals
         if isinstance(node, cst.IfExp):
             self.ev(node.test, env)
@@ -56,7 +58,7 @@ class Expressions(WalkerState):
                 for v in self.ev(arm, narrowed):
                     a = consistent(v.assume, cond)
                     if a is not None:
-                        out.add(Val(a, v.prov, v.defs))
+                        out.add(Val(a, v.prov, v.defs, v.lead))
             return self._cap(out) if out else frozenset({NONE_VAL})
         if isinstance(node, cst.Lambda):
             # Handed on (a callback, a graph capture): what its body calls is
@@ -187,8 +189,13 @@ class Expressions(WalkerState):
         parts = [self.ev(p, env) for p in (s.lower, s.upper, s.step) if p is not None]
         return self._combine(parts, join)
 
-    def _select(self, base: Val, index: Prov) -> Prov:
-        """Rows left after indexing ``base`` by a value of provenance ``index``."""
+    def _select(self, base: Val, index: Prov, dim: int | None = 0) -> Prov:
+        """Rows left after indexing ``base`` by a value of provenance ``index``
+        along ``dim`` (None: a dimension the analysis cannot tell)."""
+        if index in GATHERED and base.prov.is_rows and off_axis(base, dim):
+            # Along another axis than the tokens' (``[T, H]`` by dim 1, or
+            # ``[1, T, H]`` by dim 0): not a selection of token rows.
+            return Prov.CONFLICT
         if index in GATHERED:
             if base.prov is Prov.ALL:
                 return GATHERED[index]
@@ -204,15 +211,42 @@ class Expressions(WalkerState):
 
     def _subscript(self, node: cst.Subscript, env: Env) -> Vals:
         base = self.ev(node.value, env)
-        index = self._combine([self._slice_vals(e, env) for e in node.slice], join)
+        elements = [self._slice_vals(e, env) for e in node.slice]
+        index = self._combine(elements, join)
+        # The dimension the index selects along: that of the one element
+        # carrying an index (``g[:, spec_token_indx]``: dim 1); unknown past
+        # an ``...`` or with several.
+        carrying = [
+            p for p, vals in enumerate(elements) if any(v.prov is not Prov.NONE for v in vals)
+        ]
+        ellipsis = any(
+            isinstance(e.slice, cst.Index) and isinstance(e.slice.value, cst.Ellipsis)
+            for e in node.slice
+        )
+        dim = carrying[0] if len(carrying) == 1 and not ellipsis else None
+        # ``x[0]`` of a ``[1, T, H]`` tensor: its ``[T, H]``.
+        first = node.slice[0].slice if len(node.slice) == 1 else None
+        drops_lead = (
+            isinstance(first, cst.Index)
+            and isinstance(first.value, cst.Integer)
+            and first.value.value == "0"
+        )
         result: set[Val] = set()
         for b in base:
             for i in index:
                 a = consistent(b.assume, i.assume)
                 if a is not None:
-                    prov = self._select(b, i.prov)
-                    result.add(Val(a, prov, b.defs | i.defs))
-                    if i.prov in GATHERED and b.prov is Prov.ALL:
+                    prov = self._select(b, i.prov, dim)
+                    lead = b.lead
+                    if i.prov in GATHERED and b.prov.is_rows:
+                        if off_axis(b, dim):
+                            self.flow.off_axis.append((node, dim, b.lead))
+                        elif lead is None:
+                            lead = dim  # a token gather along dim d: the axis is d
+                    elif drops_lead and lead is not None and lead > 0:
+                        lead -= 1
+                    result.add(Val(a, prov, b.defs | i.defs, lead))
+                    if i.prov in GATHERED and b.prov is Prov.ALL and prov in GATHERED.values():
                         self.flow.gathers.append((node, i.prov))
                         self.flow.gathered_defs |= b.defs
         return self._cap(result)
@@ -247,11 +281,11 @@ class Expressions(WalkerState):
         callee = self._resolve(name, env) if name else None
         record = CallRecord(node, callee, self.path, arg_vals, starred, self.frame)
         self.flow.calls.append(record)
-        base, index = self._index_select_args(node)
+        base, index, dim = self._index_select_args(node)
         none_keeps_all = False
         if base is None and callee in self.row_gathers:
             base, index = bind_row_gather(node)
-            none_keeps_all = True
+            dim, none_keeps_all = 0, True
         if base is not None and index is not None:
             bvals, ivals = self.ev(base, env), self.ev(index, env)
             result: set[Val] = set()
@@ -259,7 +293,13 @@ class Expressions(WalkerState):
                 for i in ivals:
                     a = consistent(b.assume, i.assume)
                     if a is not None:
-                        prov = self._select(b, i.prov)
+                        prov = self._select(b, i.prov, dim)
+                        lead = b.lead
+                        if i.prov in GATHERED and b.prov.is_rows:
+                            if off_axis(b, dim):
+                                self.flow.off_axis.append((node, dim, b.lead))
+                            elif lead is None:
+                                lead = dim
                         if none_keeps_all and i.prov is Prov.NULL:
                             pass  # index None: x itself
                         elif i.prov in (Prov.NONE, Prov.NULL) and b.prov.is_rows:
@@ -267,8 +307,8 @@ class Expressions(WalkerState):
                             # helper's result, ``getattr(md, "...")``): which
                             # rows is unknown, not "all of them".
                             prov = Prov.CONFLICT
-                        result.add(Val(a, prov, b.defs | i.defs))
-                        if i.prov in GATHERED and b.prov is Prov.ALL:
+                        result.add(Val(a, prov, b.defs | i.defs, lead))
+                        if i.prov in GATHERED and b.prov is Prov.ALL and prov is not Prov.CONFLICT:
                             self.flow.gathers.append((node, i.prov))
                             self.flow.gathered_defs |= b.defs
             return self._cap(result)
@@ -287,19 +327,71 @@ class Expressions(WalkerState):
             record.owner = owner
             if any(v.prov not in (Prov.NONE, Prov.NULL) for v in owner):
                 # A method of a tensor (``x.contiguous()``, ``idx.to(...)``)
-                # keeps the tensor's rows whatever its arguments.
-                return owner
+                # keeps the tensor's rows whatever its arguments, and their
+                # token axis but where it adds or drops a dimension before it.
+                return relayout(owner, func.attr.value, node)
         parts = [vals for _, _, vals in arg_vals]
-        return self._combine(parts, opaque) if parts else frozenset({NONE_VAL})
+        out = self._combine(parts, opaque) if parts else frozenset({NONE_VAL})
+        if callee is not None and callee.rsplit(".", 1)[-1] in self.leading_one:
+            # ``g, beta = fused_gdn_gating(...)``: ``[1, T, H]`` each.
+            out = frozenset(Val(v.assume, v.prov, v.defs, 1) if v.prov.is_rows else v for v in out)
+        return out
 
     def _index_select_args(
         self, call: cst.Call
-    ) -> tuple[cst.BaseExpression | None, cst.BaseExpression | None]:
+    ) -> tuple[cst.BaseExpression | None, cst.BaseExpression | None, int | None]:
+        """``x``, ``index`` and ``dim`` (None: not a literal) of ``index_select``."""
         parts = index_select_parts(call, ("torch", *self._torch_aliases()))
-        return (parts.base, parts.index) if parts else (None, None)
+        if parts is None:
+            return None, None, None
+        return parts.base, parts.index, literal_dim(parts.dim)
 
     def _torch_aliases(self) -> list[str]:
         return [k for k, v in self.imports.items() if v == "torch"]
+
+
+def off_axis(base: Val, dim: int | None) -> bool:
+    """A token index applied along ``dim`` of ``base`` misses its token axis:
+    known to be elsewhere. Where the axis is unknown (an entry's parameter,
+    an unknown function's result) the gather itself says where it is."""
+    return base.lead is not None and dim != base.lead
+
+
+def literal_dim(node: cst.BaseExpression | None) -> int | None:
+    """A dimension written as a non-negative integer literal, else None."""
+    if isinstance(node, cst.Integer):
+        return int(node.value, 0)
+    return None
+
+
+def relayout(vals: Vals, method: str, call: cst.Call) -> Vals:
+    """The token axis of ``x.method(...)``'s rows: ``unsqueeze(d)`` with ``d``
+    at or before the axis moves it one on, ``squeeze(d)`` before it one back,
+    ``squeeze()`` to dim 0 (a ``[1, T, H]`` tensor's ``[T, H]``); any other
+    method keeps it (a view, a copy, a cast)."""
+    if method not in ("unsqueeze", "squeeze", "unsqueeze_", "squeeze_"):
+        return vals
+    args = [a.value for a in call.args if not a.star]
+    dim = literal_dim(args[0]) if args else None
+    out = set()
+    for v in vals:
+        lead = v.lead
+        if lead is None:
+            out.add(v)  # unknown stays unknown
+            continue
+        if method.startswith("unsqueeze"):
+            if dim is None:
+                v = Val(v.assume, Prov.CONFLICT if v.prov.is_rows else v.prov, v.defs, lead)
+            elif dim <= lead:
+                lead += 1
+        elif not args:
+            lead = 0
+        elif dim is None:
+            v = Val(v.assume, Prov.CONFLICT if v.prov.is_rows else v.prov, v.defs, lead)
+        elif dim < lead:
+            lead -= 1
+        out.add(Val(v.assume, v.prov, v.defs, lead))
+    return frozenset(out)
 
 
 def opaque(provs: Iterable[Prov]) -> Prov:

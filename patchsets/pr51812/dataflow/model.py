@@ -90,6 +90,9 @@ class CallRecord:
     unfollowed: str | None = None
     # The receiver values of ``x.method(...)`` (None for plain calls).
     owner: Vals | None = None
+    # The dotted name of an imported function the tree given does not hold
+    # (``myfork.spec_utils.gather_spec_rows`` with that module missing).
+    missing: str | None = None
 
 
 @dataclass
@@ -120,6 +123,9 @@ class Flow:
     # Definitions whose rows were gathered by some index somewhere: evidence
     # that a parameter really is a per-token tensor.
     gathered_defs: set[int] = field(default_factory=set)
+    # Selections by a token index along another axis than the tokens' (the
+    # expression, its dim or None, the token axis of what it selected from).
+    off_axis: list[tuple[cst.BaseExpression, int | None, int | None]] = field(default_factory=list)
     # Environment right after each simple statement line, keyed by (frame,
     # id(statement)): the rewriter checks that an inserted line sees the
     # values the call sees.

@@ -26,6 +26,7 @@ class WalkerState:
 
     fields: Fields
     row_gathers: frozenset[str]
+    leading_one: frozenset[str]
     resolver: Resolver
     stop: Callable[[str], bool]
     flow: Flow
@@ -85,7 +86,7 @@ class WalkerState:
                 d.canon = self._canon(value, env)
         self.flow.defs.append(d)
         self._bump(name)
-        env[name] = frozenset(Val(v.assume, v.prov, v.defs | {d.id}) for v in vals)
+        env[name] = frozenset(Val(v.assume, v.prov, v.defs | {d.id}, v.lead) for v in vals)
 
     def _find_gather(self, value: cst.BaseExpression, env: Env) -> cst.BaseExpression | None:
         """The outermost sub-expression of ``value`` that gathered spec rows.
@@ -162,20 +163,32 @@ class WalkerState:
         # product of the parts is far larger than what stays consistent.
         # A partial combination keeps the set of its rows' selections (join
         # and opaque depend on nothing else), so equal ones merge.
-        partial: set[tuple[Assume, frozenset[Prov], frozenset[int]]] = {
-            (NO_ASSUME, frozenset(), frozenset())
+        # The leads of the row values combined: rows of two layouts (``[T,
+        # H]`` with ``[1, T, H]``) make rows the analysis cannot name.
+        Leads = frozenset[int | None]
+        partial: set[tuple[Assume, frozenset[Prov], frozenset[int], Leads]] = {
+            (NO_ASSUME, frozenset(), frozenset(), frozenset())
         }
         for part in parts:
-            step: set[tuple[Assume, frozenset[Prov], frozenset[int]]] = set()
-            for assume, provs, defs in partial:
+            step: set[tuple[Assume, frozenset[Prov], frozenset[int], Leads]] = set()
+            for assume, provs, defs, leads in partial:
                 for v in part:
                     a = consistent(assume, v.assume)
                     if a is not None:
-                        step.add((a, provs | {v.prov}, defs | v.defs))
+                        seen = leads | {v.lead} if v.prov.is_rows else leads
+                        step.add((a, provs | {v.prov}, defs | v.defs, seen))
             if len(step) > MAX_VALS:
                 return frozenset({Val(NO_ASSUME, Prov.CONFLICT)})
             partial = step
-        out = {Val(a, fn(provs), defs) for a, provs, defs in partial}
+        out = set()
+        for a, provs, defs, leads in partial:
+            prov = fn(provs)
+            known = {x for x in leads if x is not None}
+            if len(known) > 1 and prov.is_rows:
+                prov = Prov.CONFLICT
+            # One known layout where every row value has it, else unknown.
+            one = known.pop() if len(known) == 1 and None not in leads else None
+            out.add(Val(a, prov, defs, one))
         return self._cap(out) if out else frozenset({NONE_VAL})
 
     @staticmethod

@@ -121,7 +121,7 @@ class Statements(WalkerState):
         for v in vals:
             a = consistent(v.assume, self.path)
             if a is not None:
-                self.state.returns.append(Val(a, v.prov, v.defs))
+                self.state.returns.append(Val(a, v.prov, v.defs, v.lead))
 
     def _local_import(self, node: cst.Import | cst.ImportFrom, env: Env) -> None:
         if isinstance(node.names, cst.ImportStar):
@@ -221,7 +221,7 @@ class Statements(WalkerState):
                 for v in vals:
                     a = consistent(v.assume, cond)
                     if a is not None:
-                        merged.add(Val(a, v.prov, v.defs))
+                        merged.add(Val(a, v.prov, v.defs, v.lead))
             env[name] = self._cap(merged)
 
     def _loop_stmt(self, stmt: cst.For | cst.While, env: Env) -> None:

@@ -28,12 +28,14 @@ class FlowWalker(Statements, Expressions, CallFollowing, Conditions):
         resolver: Resolver | None = None,
         stop: Callable[[str], bool] = lambda name: False,
         row_gathers: frozenset[str] = frozenset(),
+        leading_one: frozenset[str] = frozenset(),
     ) -> None:
         """``stop(callee)``: calls never followed (kernels, benign calls);
         ``row_gathers``: dotted names of functions called as ``f(x, index)``
         that select like ``x.index_select(0, index)``, ``x`` for None."""
         self.fields = fields
         self.row_gathers = row_gathers
+        self.leading_one = leading_one
         self.resolver: Resolver = resolver or NoResolver()
         self.stop = stop
         self.flow = Flow()
