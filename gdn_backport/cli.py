@@ -328,7 +328,7 @@ def _resolve(args: argparse.Namespace, write: bool, create: bool = True) -> Path
     """The tree a command works on. ``write``: it will be written (a PATH in
     the release cache is refused; ``--release`` means the --workdir copy);
     ``create``: make that copy if missing (else None when there is none)."""
-    from gdn_backport import installed, sources
+    from gdn_backport import sources
     from gdn_backport.tree import check_vllm_tree
 
     if getattr(args, "workdir", None) is not None and args.release is None:
@@ -339,6 +339,8 @@ def _resolve(args: argparse.Namespace, write: bool, create: bool = True) -> Path
             sources.check_outside_cache(Path(args.path))
         return Path(args.path)
     if args.installed:
+        from gdn_backport import installed
+
         return installed.locate_vllm().root
     if not write:
         return sources.release_tree(args.release)
@@ -415,10 +417,11 @@ def _print_sites(
 
 def _scan_target(args: argparse.Namespace) -> tuple[Path, Path]:
     """(path, root) of what ``scan``/``verify`` read."""
-    from gdn_backport import installed
     from gdn_backport.tree import tree_root
 
     if args.installed:
+        from gdn_backport import installed
+
         inst = installed.locate_vllm()
         return inst.package, inst.root
     path = _tree(args, write=False)
@@ -441,7 +444,7 @@ def _check_single_file(
 
 
 def _cmd_scan(args: argparse.Namespace) -> int:
-    from gdn_backport import pipeline, vllm_version
+    from gdn_backport import vllm_version
     from gdn_backport.tree import Tree
 
     fmt = _output_format(args)
@@ -452,7 +455,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     for ps in chosen:
         sites += ps.scan(tree)
     _check_single_file(path, sites, chosen)
-    left = [tree.relative(p) for p in pipeline.leftovers_of(tree)]
+    left = [tree.relative(p) for p in tree.leftovers()]
     if fmt in ("sarif", "github"):
         _warn(_leftovers_warning(root, left))
         statuses = {s.status.value for s in sites}
@@ -822,8 +825,21 @@ COMMANDS = {
 }
 
 
+def _tune_gc() -> None:
+    """A run builds many long-lived objects (parse trees, libcst nodes, the
+    analysis) and frees few: the cyclic collector's default thresholds make
+    it rescan them over and over. Freeze what the imports made and collect
+    the youngest generation far less often (docs/decisions.md: speed)."""
+    import gc
+
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 100)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args: argparse.Namespace | None = None
+    if argv is None:  # the process's own command (a caller's process keeps its gc)
+        _tune_gc()
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(_legacy_matrix(argv))

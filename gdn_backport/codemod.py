@@ -48,6 +48,15 @@ class Command(CodemodCommand, _NoWrapper):
     run after :meth:`transform_module_impl`, as libcst does) that reads no
     metadata unless it declares some."""
 
+    def _instantiate_and_run(self, transform: type[Codemod], tree: Module) -> Module:
+        # libcst runs the scheduled ``AddImportsVisitor`` through its
+        # ``MetadataWrapper`` too, though it reads no metadata: the same
+        # deep copy of the whole module, skipped the same way.
+        inst = transform(self.context)
+        if not inst.get_inherited_dependencies() and not inst.should_allow_multiple_passes():
+            return inst.transform_module_impl(tree)
+        return inst.transform_module(tree)
+
 
 class VisitorCommand(ContextAwareTransformer, Command):
     """:class:`Command` as a visitor: ``transform_module_impl`` visits the

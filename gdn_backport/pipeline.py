@@ -293,10 +293,7 @@ Results = list[tuple["Patchset", Outcome]]
 
 def leftovers_of(tree: Tree) -> list[Path]:
     """Temporaries an interrupted run of ours left in the tree."""
-    found = set(tree.walk().leftovers) | set(files.state_leftovers(tree.root))
-    if tree.path.is_file():
-        found.update(files.leftovers_beside([tree.path]))
-    return sorted(found)
+    return tree.leftovers()
 
 
 def apply(

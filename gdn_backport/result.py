@@ -26,21 +26,16 @@ reports with its own one line and exit 2, as before any plan.
 from __future__ import annotations
 
 import os
+import sys
 import traceback as tb
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
-
-from libcst.codemod import (
-    SkipFile,
-    TransformExit,
-    TransformFailure,
-    TransformResult,
-    TransformSkip,
-    TransformSuccess,
-)
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from gdn_backport.errors import Refusal, UsageError
+
+if TYPE_CHECKING:
+    from libcst.codemod import TransformResult
 
 __all__ = [
     "TRACEBACK_ENV",
@@ -110,18 +105,28 @@ def attempt(step: Callable[[], T], what: str) -> Success[T] | Skip | Failure:
     which passes: see the module) an internal error of ``what``."""
     try:
         return Success(step())
-    except SkipFile as exc:
-        return Skip(str(exc))
-    except Refusal as exc:
-        return Failure(exc.reason)
-    except UsageError:
-        raise
     except Exception as exc:
+        if _skip_file(exc):
+            return Skip(str(exc))
+        if isinstance(exc, Refusal):
+            return Failure(exc.reason)
+        if isinstance(exc, UsageError):
+            raise
         return internal(exc, what)
+
+
+def _skip_file(exc: Exception) -> bool:
+    """``exc`` is libcst's ``SkipFile`` (only a codemod raises one, and
+    importing libcst's codemod machinery costs a command that runs none
+    of them 0.4 s: it is looked up only where it was imported)."""
+    codemod = sys.modules.get("libcst.codemod")
+    return codemod is not None and isinstance(exc, codemod.SkipFile)
 
 
 def of_transform(result: TransformResult, what: str) -> Success[str] | Skip | Failure:
     """libcst's runner result for the codemod ``what`` as ours."""
+    from libcst.codemod import TransformExit, TransformFailure, TransformSkip, TransformSuccess
+
     if isinstance(result, TransformSuccess):
         return Success(result.code)
     if isinstance(result, TransformSkip):

@@ -94,6 +94,7 @@ class Tree:
     _walk: files.Walk | None = field(default=None, repr=False)
     _data: dict[Path, bytes] = field(default_factory=dict, repr=False)
     _texts: dict[Path, str] = field(default_factory=dict, repr=False)
+    _listings: dict[Path, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(
@@ -136,3 +137,32 @@ class Tree:
 
     def relative(self, file: Path) -> str:
         return relative(file, self.root)
+
+    def listing(self, folder: Path | None = None) -> str:
+        """One digest of every ``*.py`` below ``folder`` (default ``path``):
+        each file's path in the tree and the SHA-256 of its bytes, in walk
+        order (the analysis cache's name for "these files, these
+        contents"); made once per folder and run. UsageError if a file
+        cannot be read."""
+        import hashlib
+
+        folder = self.path if folder is None else folder
+        found = self._listings.get(folder)
+        if found is None:
+            walked = self.walk() if folder == self.path else files.walk(folder)
+            h = hashlib.sha256()
+            root = str(self.root).rstrip(os.sep) + os.sep
+            for file in walked.files:
+                name = str(file)
+                name = name[len(root) :] if name.startswith(root) else os.path.relpath(name, root)
+                h.update(name.encode("utf-8", "surrogateescape") + b"\0")
+                h.update(hashlib.sha256(self.read(file)).digest())
+            found = self._listings[folder] = h.hexdigest()
+        return found
+
+    def leftovers(self) -> list[Path]:
+        """Temporaries an interrupted run of ours left in the tree."""
+        found = set(self.walk().leftovers) | set(files.state_leftovers(self.root))
+        if self.path.is_file():
+            found.update(files.leftovers_beside([self.path]))
+        return sorted(found)

@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import ast
 import email.parser
+import os
 from dataclasses import dataclass
 from pathlib import Path
-
-import git
-from packaging.utils import canonicalize_name
 
 __all__ = ["VllmVersion", "detect", "line", "to_json"]
 
@@ -90,7 +88,27 @@ def _one_folder_down(start: Path) -> Path | None:
     return found[0] if len(found) == 1 else None
 
 
+def _no_git(base: Path) -> bool:
+    """Neither ``base`` nor a folder above it holds ``.git`` (a folder or a
+    gitfile), and ``$GIT_DIR`` is unset: no repository to ask, so GitPython
+    (0.1 s to import) is not imported. A bare repository is never the
+    tree's: it is refused below as well."""
+    if "GIT_DIR" in os.environ:
+        return False
+    folder = base.absolute()
+    while True:
+        if os.path.lexists(folder / ".git"):
+            return False
+        if folder.parent == folder:
+            return True
+        folder = folder.parent
+
+
 def _from_git(base: Path) -> VllmVersion | None:
+    if _no_git(base):
+        return None
+    import git
+
     try:
         repo = git.Repo(base, search_parent_directories=True)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
@@ -142,6 +160,8 @@ def _from_metadata(base: Path, files: list[Path]) -> VllmVersion | None:
             meta = email.parser.BytesHeaderParser().parsebytes(path.read_bytes())
         except OSError:
             continue
+        from packaging.utils import canonicalize_name
+
         if canonicalize_name(meta.get("Name", "")) == "vllm" and meta.get("Version"):
             return VllmVersion(str(meta["Version"]), path.relative_to(base).as_posix())
     return None

@@ -24,6 +24,13 @@ def _wide_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "1000")
 
 
+@pytest.fixture(autouse=True)
+def _no_analysis_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test analyses afresh (a test that replaces a piece of the
+    analysis must see it run); tests/test_cache.py turns the cache on."""
+    monkeypatch.setenv("GDN_BACKPORT_NO_CACHE", "1")
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     """The CLI in process: its exit code, stdout and stderr."""
     code = main(list(argv))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gdn_backport.doctor import Row, on_disk
 
-from .plan import scan_sites
+from .scan import scan_sites
 
 
 def rows(package: Path, root: Path) -> list[Row]:

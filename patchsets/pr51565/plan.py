@@ -20,80 +20,19 @@ from gdn_backport.codemod import run
 from gdn_backport.errors import Refusal, UsageError
 from gdn_backport.pipeline import Mode, Outcome, Plan, SiteChange, Staged, conclude, unified_diff
 from gdn_backport.result import Failure, Success
-from gdn_backport.site import Site, Status
+from gdn_backport.site import Status
 from gdn_backport.tree import Tree, relative
 
 from . import ID, PATCHSET
-from .analysis import Finding, analyse_module, settle
+from .analysis import Finding
 from .codemods.base import FindingCodemod, InTree, TreeFacts, facts_of
 from .config import Config, load
+from .scan import _kind, _kind_of, _site, findings
+from .scan import markers as markers
+from .scan import scan as scan
+from .scan import scan_sites as scan_sites
 
 STRATEGY = "reclassify"
-
-
-def markers(cfg: Config) -> tuple[bytes, ...]:
-    """Text a module with a site holds: the split call, a runner route, or a
-    GDN-family field (a builder that classifies without the split call)."""
-    names = (cfg.split, cfg.v1_dispatch, cfg.v2_shape_only, *sorted(cfg.family))
-    # ``X.build = fn``: a plugin installing its own builder.
-    return (*(n.encode() for n in names), b".build =")
-
-
-def _texts(tree: Tree, scope: Path) -> dict[Path, str]:
-    """The files below ``scope`` that may hold a site, decoded (the run's
-    overlay first: what an earlier patchset of the run rewrote)."""
-    out: dict[Path, str] = {}
-    marks = markers(load())
-    walked = tree.walk() if scope == tree.path else files.walk(scope)
-    for file in walked.files:
-        if file in tree.overlay:
-            out[file] = tree.overlay[file]
-            continue
-        data = tree.read(file)
-        if b"def " in data and any(mark in data for mark in marks):
-            out[file] = tree.text(file)
-    return out
-
-
-def findings(
-    tree: Tree, scope: Path | None = None, rewrites: dict[Path, str] | None = None
-) -> dict[Path, list[Finding]]:
-    """Every site below ``scope`` (default ``tree.path``), runner verdicts
-    settled over them all; ``rewrites``: texts to judge instead (a proof)."""
-    cfg = load()
-    texts = _texts(tree, scope or tree.path)
-    texts.update({f: t for f, t in (rewrites or {}).items() if f in texts})
-    per_file: dict[Path, list[Finding]] = {}
-    for file, text in texts.items():
-        found = analyse_module(files.parse_ast(file, text), text, cfg)
-        if found:
-            per_file[file] = found
-    flat = settle([f for fs in per_file.values() for f in fs])
-    it = iter(flat)
-    return {file: [next(it) for _ in fs] for file, fs in per_file.items()}
-
-
-def _kind(kind: str) -> str:
-    return "builder" if kind == "builder" else "runner"
-
-
-def _kind_of(site: Site) -> str:
-    """The kind a site of ours was reported as (its reason says it first)."""
-    return site.reason.split(":", 1)[0]
-
-
-def _site(rel: str, f: Finding) -> Site:
-    return Site(rel, f.line, f.function, f.status, f"{_kind(f.kind)}: {f.reason}", None, None, ID)
-
-
-def scan(tree: Tree) -> list[Site]:
-    """The sites below ``tree.path``."""
-    return [_site(tree.relative(file), f) for file, fs in findings(tree).items() for f in fs]
-
-
-def scan_sites(path: Path, root: Path | None = None) -> list[Site]:
-    """The sites below ``path`` of the tree at ``root``."""
-    return scan(Tree.of(path, root))
 
 
 def tree_facts(tree: Tree, root: Path, cfg: Config) -> TreeFacts | None:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 class Pr51565(Patchset):
     def scan(self, tree: Tree) -> list[Site]:
-        from .plan import scan
+        from .scan import scan
 
         return scan(tree)
 

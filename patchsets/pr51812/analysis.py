@@ -467,8 +467,8 @@ def _other_consumer(record: CallRecord) -> SpecCall | str:
     labels = list(rows)
     for i, left in enumerate(labels):
         for right in labels[i + 1 :]:
-            for lv in rows[left]:
-                for rv in rows[right]:
+            for lv in _ordered(rows[left]):
+                for rv in _ordered(rows[right]):
                     if consistent(lv.assume, rv.assume, path) is None:
                         continue
                     if lv.prov is not rv.prov or lv.prov is Prov.CONFLICT:
@@ -482,13 +482,23 @@ def _other_consumer(record: CallRecord) -> SpecCall | str:
                             + declaration(record)
                         )
                         return SpecCall(record, None, rows, [], Status.UNKNOWN, reason)
-    prov = next(iter(rows[labels[0]])).prov.value
+    prov = _ordered(rows[labels[0]])[0].prov.value
     splat = " it is handed by name" if record.starred else ""
     reason = (
         f"{name}(...) takes the spec state slots and every row argument{splat} carries "
         f"{prov} rows (not a kernel of the patchset; declare it to have its gates checked)"
     )
     return SpecCall(record, None, rows, [], Status.NOT_AFFECTED, reason)
+
+
+_PROV_ORDER = {p: i for i, p in enumerate(Prov)}
+
+
+def _ordered(vals: Vals) -> list[Val]:
+    """``vals`` in one order in every process (a set's order follows string
+    hashes, which differ per process: a reason naming "the first" value
+    would differ from run to run)."""
+    return sorted(vals, key=lambda v: (_PROV_ORDER[v.prov], sorted(v.assume), sorted(v.defs)))
 
 
 def _arg_text(label: str) -> str:

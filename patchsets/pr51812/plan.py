@@ -64,7 +64,7 @@ def _plan(tree: Tree, strategy: str, mode: Mode, patchset: Patchset) -> Plan:
     path, root = tree.path, tree.root
     out = Outcome(root)
     # The codemods plan from this analysis: no file is analysed twice.
-    scanned = scan_tree_full(path, patchset, root, tree.overlay or None)
+    scanned = scan_tree_full(path, patchset, root, tree.overlay or None, tree)
     before = scanned.sites
     by_file: dict[str, list[Site]] = {}
     for s in before:

@@ -8,7 +8,7 @@ from pathlib import Path
 from gdn_backport import files
 from gdn_backport.errors import UsageError
 from gdn_backport.site import Site
-from gdn_backport.tree import relative, tree_root
+from gdn_backport.tree import Tree, relative, tree_root
 
 from . import ID as PATCHSET_ID
 from . import locate
@@ -73,18 +73,26 @@ def scan_tree_full(
     patchset: Patchset | None = None,
     root: Path | None = None,
     overrides: dict[Path, str] | None = None,
+    tree: Tree | None = None,
 ) -> TreeScan:
     """Analyse the modules below ``path`` of the tree at ``root`` (default:
     the tree ``path`` names) with their helpers followed; ``overrides``:
-    texts to analyse instead of files' contents (a rewrite being proven)."""
+    texts to analyse instead of files' contents (a rewrite being proven);
+    ``tree``: the run's :class:`Tree` of ``path``, whose walk, bytes and
+    texts are shared with the other patchsets of the run."""
     root = root or tree_root(path)
     patchset = patchset or for_tree(root)
-    walked = files.walk(path)
+    shared = tree if tree is not None and tree.path == path else None
+    walked = shared.walk() if shared is not None else files.walk(path)
     index = TreeIndex(root, patchset, overrides)
     modules: list[ModuleInfo] = []
     for file in walked.files:
         text = (overrides or {}).get(file)
-        if text is None:
+        if text is None and shared is not None:
+            # The bytes read once for the run; the sieve's rule on them whole.
+            data = shared.read(file)
+            text = shared.text(file) if locate.may_hold_site(data, patchset) else None
+        elif text is None:
             _, text = read_source(file, patchset)
         elif not locate.may_hold_site(text.encode("utf-8"), patchset):
             text = None

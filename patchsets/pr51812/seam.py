@@ -3,6 +3,7 @@ CLI imports every patchset to print its help)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,20 +18,25 @@ if TYPE_CHECKING:
 
 class Pr51812(Patchset):
     def scan(self, tree: Tree) -> list[Site]:
-        from .plan import config_for
-        from .scan import scan_tree_full
+        from gdn_backport import cache
 
-        result = scan_tree_full(tree.path, config_for(tree), tree.root, tree.overlay or None)
-        swept = result.analysis.swept
-        if swept and not result.sites:
-            # The sweep found calls handed the spec index or slots, and the
-            # analysis accounted for each: say which, so "nothing" is an answer.
-            calls = ", ".join(f"{r.callee} ({r.module}:{r.line}, {how})" for r, how in swept)
-            tree.notes.append(
-                f"; {len(swept)} call(s) handed the spec token index or state slots, each "
-                f"accounted for: {calls}"
-            )
-        return result.sites
+        from .config import for_tree
+
+        # The patchset's data with the kernels the tree (and --kernels) declares.
+        patchset = for_tree(tree.path if tree.path.is_dir() else tree.root, tree.kernels)
+        name = _scan_key(self.info.id, tree, patchset) if cache.enabled() else None
+        if name is None:
+            sites, note, _ = _scan(tree, patchset)
+        else:
+            sites, note = cache.cached(
+                name,
+                lambda: _scan(tree, patchset),
+                lambda found: None if found[2] else [cache.dump_sites(found[0]), found[1]],
+                _read_scan,
+            )[:2]
+        if note:
+            tree.notes.append(note)
+        return sites
 
     def plan(self, tree: Tree, strategy: str, mode: Mode) -> Plan:
         from .plan import plan
@@ -64,3 +70,81 @@ class Pr51812(Patchset):
         from .probe import SOURCE
 
         return SOURCE
+
+
+def _scan(tree: Tree, patchset: Any) -> tuple[list[Site], str | None, bool]:
+    """The sites, the note for a tree without any (what the sweep found and
+    how each call was accounted for), and whether the analysis read a module
+    outside the tree's walk (such a result is not cached: its key does not
+    name that file)."""
+    from .scan import scan_tree_full
+
+    result = scan_tree_full(tree.path, patchset, tree.root, tree.overlay or None, tree)
+    swept = result.analysis.swept
+    note = None
+    if swept and not result.sites:
+        # The sweep found calls handed the spec index or slots, and the
+        # analysis accounted for each: say which, so "nothing" is an answer.
+        calls = ", ".join(f"{r.callee} ({r.module}:{r.line}, {how})" for r, how in swept)
+        note = (
+            f"; {len(swept)} call(s) handed the spec token index or state slots, each "
+            f"accounted for: {calls}"
+        )
+    walked = {os.path.realpath(p) for p in _root_walk(tree).files}
+    outside = any(
+        m.path is not None and os.path.realpath(m.path) not in walked
+        for m in result.analysis.index.modules.values()
+    )
+    return result.sites, note, outside
+
+
+def _root_walk(tree: Tree) -> Any:
+    from gdn_backport import files
+
+    return tree.walk() if tree.path == tree.root else files.walk(tree.root)
+
+
+def _scan_key(pid: str, tree: Tree, patchset: Any) -> str | None:
+    """The analysis cache's name for this scan: every file of the tree (its
+    path and the digest of its bytes; the analysis follows helpers anywhere
+    in it), the run's overlay, the paths, links and the patchset's data with
+    the fork's kernels. None when it cannot be made (an unreadable file: the
+    scan itself reports it)."""
+    from gdn_backport import cache
+
+    try:
+        listing = tree.listing(tree.root)
+        below = [tree.relative(f) for f in tree.walk().files] if tree.path != tree.root else None
+        packages = []
+        folder = tree.root
+        while (folder / "__init__.py").is_file() and folder.parent != folder:
+            packages.append(folder.name)  # a module's name climbs through these
+            folder = folder.parent
+        overlay = sorted(
+            (str(p), cache.digest(t.encode("utf-8", "surrogatepass")))
+            for p, t in tree.overlay.items()
+        )
+        links = sorted((str(p), str(t)) for p, t in tree.walk().links.items())
+        return cache.key(
+            f"{pid}.scan",
+            str(tree.root),
+            str(tree.path),
+            tree.path.is_file(),
+            below,
+            packages,
+            listing,
+            overlay,
+            links,
+            cache.stable(patchset),
+        )
+    except Exception:
+        return None
+
+
+def _read_scan(doc: object) -> tuple[list[Site], str | None, bool]:
+    from gdn_backport import cache
+
+    assert isinstance(doc, list) and len(doc) == 2
+    sites, note = doc
+    assert note is None or isinstance(note, str)
+    return cache.read_sites(sites), note, False

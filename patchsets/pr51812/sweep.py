@@ -541,11 +541,18 @@ class _Module:
         qual = f"{prefix}{node.name}"
         occurrence = self.occurrences.get(qual, 0)
         self.occurrences[qual] = occurrence + 1
-        scope = self._enter(node.args, outer)
         text = "\n".join(self.lines[node.lineno - 1 : node.end_lineno or node.lineno])
         skip = node.name in self.vocab.kernels  # the kernel's own wrapper
+        # Whether its scope (:meth:`_enter`) would hold a tainted name, without
+        # making it: copying the outer scope for each of a module's thousands
+        # of functions made a huge module quadratic (issue 24 D14).
+        params = _params(node.args)
+        names = set(params)
+        tainted = any(p in self.vocab.fields for p in params) or any(
+            k not in names for k in outer.taint
+        )
         if skip or not (
-            scope.taint
+            tainted
             or any(f in text for f in self.vocab.fields)
             or any(f".{attr}" in text for attr in self.stored)
         ):
@@ -556,6 +563,7 @@ class _Module:
                 inner = f"{qual}.{path}{func.name}"
                 self.occurrences[inner] = self.occurrences.get(inner, 0) + 1
             return
+        scope = self._enter(node.args, outer)
         self.scope(node.body, scope, (qual, occurrence, node.lineno), f"{qual}.")
 
     def _enter(self, args: ast.arguments, outer: _Scope) -> _Scope:

@@ -1,0 +1,138 @@
+"""pr51565's scan of a tree: every site with its verdict (no libcst here:
+``scan`` imports none of the codemod machinery)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gdn_backport import cache, files
+from gdn_backport.site import Site, Status
+from gdn_backport.tree import Tree
+
+from . import ID
+from .analysis import Finding, analyse_module, settle
+from .config import Config, load
+
+
+def markers(cfg: Config) -> tuple[bytes, ...]:
+    """Text a module with a site holds: the split call, a runner route, or a
+    GDN-family field (a builder that classifies without the split call)."""
+    names = (cfg.split, cfg.v1_dispatch, cfg.v2_shape_only, *sorted(cfg.family))
+    # ``X.build = fn``: a plugin installing its own builder.
+    return (*(n.encode() for n in names), b".build =")
+
+
+def _texts(tree: Tree, scope: Path) -> dict[Path, str]:
+    """The files below ``scope`` that may hold a site, decoded (the run's
+    overlay first: what an earlier patchset of the run rewrote)."""
+    out: dict[Path, str] = {}
+    marks = markers(load())
+    walked = tree.walk() if scope == tree.path else files.walk(scope)
+    for file in walked.files:
+        if file in tree.overlay:
+            out[file] = tree.overlay[file]
+            continue
+        data = tree.read(file)
+        if b"def " in data and any(mark in data for mark in marks):
+            out[file] = tree.text(file)
+    return out
+
+
+def findings(
+    tree: Tree, scope: Path | None = None, rewrites: dict[Path, str] | None = None
+) -> dict[Path, list[Finding]]:
+    """Every site below ``scope`` (default ``tree.path``), runner verdicts
+    settled over them all; ``rewrites``: texts to judge instead (a proof)."""
+    cfg = load()
+    texts = _texts(tree, scope or tree.path)
+    texts.update({f: t for f, t in (rewrites or {}).items() if f in texts})
+    per_file: dict[Path, list[Finding]] = {}
+    for file, text in texts.items():
+        found = _analysed(file, text, cfg)
+        if found:
+            per_file[file] = found
+    flat = settle([f for fs in per_file.values() for f in fs])
+    it = iter(flat)
+    return {file: [next(it) for _ in fs] for file, fs in per_file.items()}
+
+
+def _analysed(file: Path, text: str, cfg: Config) -> list[Finding]:
+    """:func:`analyse_module` of one module's text, through the analysis
+    cache (keyed by the text and the configuration: the result depends on
+    nothing else)."""
+    name = cache.key(
+        f"{ID}.module", cache.stable(cfg), cache.digest(text.encode("utf-8", "surrogatepass"))
+    )
+
+    def compute() -> list[Finding]:
+        return analyse_module(files.parse_ast(file, text), text, cfg)
+
+    def dump(found: list[Finding]) -> object:
+        return [
+            [f.kind, f.function, f.line, f.status.value, f.reason, f.reclassifies, f.guarded]
+            for f in found
+        ]
+
+    def read(doc: object) -> list[Finding]:
+        assert isinstance(doc, list)
+        out = []
+        for kind, function, line, status, reason, reclassifies, guarded in doc:
+            assert isinstance(line, int) and isinstance(reclassifies, bool)
+            assert isinstance(kind, str) and isinstance(function, str) and isinstance(reason, str)
+            assert isinstance(guarded, bool)
+            out.append(Finding(kind, function, line, Status(status), reason, reclassifies, guarded))
+        return out
+
+    return cache.cached(name, compute, dump, read)
+
+
+def _kind(kind: str) -> str:
+    return "builder" if kind == "builder" else "runner"
+
+
+def _kind_of(site: Site) -> str:
+    """The kind a site of ours was reported as (its reason says it first)."""
+    return site.reason.split(":", 1)[0]
+
+
+def _site(rel: str, f: Finding) -> Site:
+    return Site(rel, f.line, f.function, f.status, f"{_kind(f.kind)}: {f.reason}", None, None, ID)
+
+
+def scan(tree: Tree) -> list[Site]:
+    """The sites below ``tree.path`` (through the analysis cache: the
+    result depends on those files, the run's overlay and the configuration
+    alone)."""
+
+    def compute() -> list[Site]:
+        return [_site(tree.relative(file), f) for file, fs in findings(tree).items() for f in fs]
+
+    name = _scan_key(tree)
+    if name is None:
+        return compute()
+    return cache.cached(name, compute, cache.dump_sites, cache.read_sites)
+
+
+def _scan_key(tree: Tree) -> str | None:
+    if not cache.enabled():
+        return None
+    try:
+        overlay = sorted(
+            (str(p), cache.digest(t.encode("utf-8", "surrogatepass")))
+            for p, t in tree.overlay.items()
+        )
+        return cache.key(
+            f"{ID}.scan",
+            str(tree.root),
+            str(tree.path),
+            tree.listing(),
+            overlay,
+            cache.stable(load()),
+        )
+    except Exception:  # an unreadable file: the scan itself reports it
+        return None
+
+
+def scan_sites(path: Path, root: Path | None = None) -> list[Site]:
+    """The sites below ``path`` of the tree at ``root``."""
+    return scan(Tree.of(path, root))

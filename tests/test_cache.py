@@ -1,0 +1,251 @@
+"""The analysis cache (gdn_backport/cache.py): a hit gives the result a fresh
+analysis gives; a changed file, configuration or tool misses; a corrupt
+entry or an unwritable cache folder costs only time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gdn_backport import cache
+from gdn_backport.patchsets.pr51565 import scan as scan51565
+from gdn_backport.patchsets.pr51812 import scan as scan51812
+from tests.conftest import FIXED, run
+from tests.test_chains import CALLER, DECLARATION, FORK, tree
+
+
+@pytest.fixture
+def cache_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The cache in a folder of this test, turned on."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("GDN_BACKPORT_CACHE", str(folder))
+    monkeypatch.delenv("GDN_BACKPORT_NO_CACHE")
+    monkeypatch.setitem(cache._state, "broken", False)
+    return folder
+
+
+@pytest.fixture
+def analyses(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How often each patchset really analysed (not read from the cache)."""
+    counts = {"pr51812": 0, "pr51565": 0}
+
+    def counting(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(
+        scan51812, "analyse_modules", counting("pr51812", scan51812.analyse_modules)
+    )
+    monkeypatch.setattr(scan51565, "analyse_module", counting("pr51565", scan51565.analyse_module))
+    return counts
+
+
+def scan(capsys: pytest.CaptureFixture[str], root: Path, *argv: str) -> tuple[int, str]:
+    code, out, err = run(capsys, "scan", str(root), "--json", *argv)
+    assert err == ""
+    return code, out
+
+
+def listing(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def entries(folder: Path) -> list[Path]:
+    return sorted((folder / "analysis").rglob("*.json"))
+
+
+def test_a_rescan_is_a_hit_with_the_same_result(
+    capsys: pytest.CaptureFixture[str],
+    affected_tree: Path,
+    cache_on: Path,
+    analyses: dict[str, int],
+) -> None:
+    before = listing(affected_tree)
+    first = scan(capsys, affected_tree)
+    assert analyses == {"pr51812": 1, "pr51565": 1}
+    assert entries(cache_on)
+    second = scan(capsys, affected_tree)
+    assert second == first
+    assert analyses == {"pr51812": 1, "pr51565": 1}  # nothing analysed again
+    assert json.loads(first[1])["sites"][0]["status"] == "affected"
+    # scan never writes into the tree it reads.
+    assert listing(affected_tree) == before
+
+
+def test_the_cache_gives_what_no_cache_gives(
+    capsys: pytest.CaptureFixture[str],
+    affected_tree: Path,
+    cache_on: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cached = [scan(capsys, affected_tree) for _ in range(2)]
+    monkeypatch.setenv("GDN_BACKPORT_NO_CACHE", "1")
+    assert cached == [scan(capsys, affected_tree)] * 2
+
+
+def test_a_changed_file_misses(
+    capsys: pytest.CaptureFixture[str],
+    affected_tree: Path,
+    cache_on: Path,
+    analyses: dict[str, int],
+) -> None:
+    _, out = scan(capsys, affected_tree)
+    assert json.loads(out)["sites"][0]["status"] == "affected"
+    (affected_tree / "vllm/model_executor/layers/mamba/gdn_linear_attn.py").write_text(FIXED)
+    _, out = scan(capsys, affected_tree)
+    assert json.loads(out)["sites"][0]["status"] == "fixed"
+    assert analyses["pr51812"] == 2
+    # A new file anywhere in the tree is a change too (a helper may be in it).
+    (affected_tree / "vllm/helper.py").write_text("def f():\n    return 1\n")
+    scan(capsys, affected_tree)
+    assert analyses["pr51812"] == 3
+
+
+def test_a_changed_configuration_misses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], cache_on: Path
+) -> None:
+    root = tree(tmp_path, {"vllm/gdn.py": "import torch\n\n\n" + CALLER.format(call=FORK)})
+    _, out = scan(capsys, root)
+    [site] = [s for s in json.loads(out)["sites"] if s["function"] == "Layer._forward_core"]
+    assert site["status"] == "unknown"
+    # The fork declares its kernel: the same files, another verdict.
+    (root / ".gdn-backport.toml").write_text(DECLARATION)
+    _, out = scan(capsys, root)
+    [site] = [s for s in json.loads(out)["sites"] if s["function"] == "Layer._forward_core"]
+    assert site["status"] == "affected"
+    # ... and --kernels instead of the tree's file.
+    (root / ".gdn-backport.toml").unlink()
+    (tmp_path / "k.toml").write_text(DECLARATION)
+    _, out = scan(capsys, root, "--kernels", str(tmp_path / "k.toml"))
+    [site] = [s for s in json.loads(out)["sites"] if s["function"] == "Layer._forward_core"]
+    assert site["status"] == "affected"
+
+
+def test_another_tool_version_or_source_misses(
+    capsys: pytest.CaptureFixture[str],
+    affected_tree: Path,
+    cache_on: Path,
+    analyses: dict[str, int],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    first = scan(capsys, affected_tree)
+    monkeypatch.setattr(cache, "__version__", "99.0.0")
+    cache.fingerprint.cache_clear()
+    assert scan(capsys, affected_tree) == first
+    assert analyses["pr51812"] == 2
+    # An edited module of the tool, its version unchanged, misses too.
+    extra = tmp_path / "edited.py"
+    extra.write_text("A = 1\n")
+    real = cache._tool_files
+    monkeypatch.setattr(cache, "_tool_files", lambda: [*real(), extra])
+    cache.fingerprint.cache_clear()
+    scan(capsys, affected_tree)
+    assert analyses["pr51812"] == 3
+    extra.write_text("A = 2\n")
+    cache.fingerprint.cache_clear()
+    scan(capsys, affected_tree)
+    assert analyses["pr51812"] == 4
+    cache.fingerprint.cache_clear()
+    scan(capsys, affected_tree)
+    assert analyses["pr51812"] == 4  # unchanged again: a hit
+    monkeypatch.undo()
+    cache.fingerprint.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [b"", b"{not json", b'{"key": "other", "value": []}', b"[1, 2]", b"\xff\xfe", "wrong shape"],
+)
+def test_a_corrupt_entry_is_recomputed(
+    capsys: pytest.CaptureFixture[str],
+    affected_tree: Path,
+    cache_on: Path,
+    analyses: dict[str, int],
+    garbage: bytes | str,
+) -> None:
+    first = scan(capsys, affected_tree)
+    found = entries(cache_on)
+    assert found
+    for entry in found:
+        if isinstance(garbage, str):  # a well-formed entry holding nonsense
+            doc = json.loads(entry.read_text())
+            entry.write_text(json.dumps({"key": doc["key"], "value": [[1, "x"]]}))
+        else:
+            entry.write_bytes(garbage)
+    assert scan(capsys, affected_tree) == first
+    assert analyses["pr51812"] == 2
+    # The entries were written again: the next run is a hit.
+    assert scan(capsys, affected_tree) == first
+    assert analyses["pr51812"] == 2
+
+
+def test_a_cache_folder_that_cannot_be_written_is_not_used(
+    capsys: pytest.CaptureFixture[str],
+    affected_tree: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    analyses: dict[str, int],
+) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache should be\n")
+    monkeypatch.setenv("GDN_BACKPORT_CACHE", str(blocker))
+    monkeypatch.delenv("GDN_BACKPORT_NO_CACHE")
+    monkeypatch.setitem(cache._state, "broken", False)
+    monkeypatch.setenv("GDN_BACKPORT_NO_CACHE", "1")
+    expected = scan(capsys, affected_tree)
+    monkeypatch.delenv("GDN_BACKPORT_NO_CACHE")
+    assert scan(capsys, affected_tree) == expected
+    assert scan(capsys, affected_tree) == expected
+    assert blocker.read_text() == "a file where the cache should be\n"
+    # Read-only folder (chmod; root ignores it, so also checked as a file above).
+    folder = tmp_path / "ro"
+    (folder / "analysis").mkdir(parents=True)
+    os.chmod(folder / "analysis", 0o500)
+    try:
+        monkeypatch.setenv("GDN_BACKPORT_CACHE", str(folder))
+        monkeypatch.setitem(cache._state, "broken", False)
+        assert scan(capsys, affected_tree) == expected
+    finally:
+        os.chmod(folder / "analysis", 0o700)
+
+
+def test_apply_reads_no_stale_scan(
+    capsys: pytest.CaptureFixture[str], affected_tree: Path, cache_on: Path
+) -> None:
+    """A scan after apply sees the patched file (another entry), and one
+    after revert the original again (its entry, a hit)."""
+    _, before = scan(capsys, affected_tree)
+    assert run(capsys, "apply", str(affected_tree))[0] == 0
+    _, after = scan(capsys, affected_tree)
+    assert json.loads(after)["sites"][0]["status"] == "fixed"
+    assert run(capsys, "revert", str(affected_tree))[0] == 0
+    assert scan(capsys, affected_tree)[1] == before
+
+
+def test_the_reason_of_another_callee_is_the_same_in_every_process(release: Any) -> None:
+    """A reason naming the rows of a call's arguments read "the first" value
+    of a set, whose order follows the process's string hashes: vLLM 0.27.1's
+    KDA builder read "all rows" or "conflict rows" by PYTHONHASHSEED (5:
+    conflict) before the values were ordered."""
+    file = release("0.27.1") / "vllm/models/kimi_k3/nvidia/kda_metadata.py"
+    reasons = set()
+    for seed in range(6):
+        env = {**os.environ, "PYTHONHASHSEED": str(seed), "GDN_BACKPORT_NO_CACHE": "1"}
+        argv = [sys.executable, "-m", "gdn_backport", "scan", "--json", "--patchset", "pr51812"]
+        done = subprocess.run(
+            [*argv, str(file)], env=env, capture_output=True, text=True, check=False
+        )
+        reasons.add(tuple(s["reason"] for s in json.loads(done.stdout)["sites"]))
+    assert len(reasons) == 1
+    assert "carries all rows" in " ".join(next(iter(reasons)))
