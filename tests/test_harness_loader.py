@@ -57,6 +57,29 @@ def test_loader_drives_a_real_release_on_cpu() -> None:
     assert loaded.site.module not in sys.modules
 
 
+@pytest.mark.network
+def test_loading_a_tree_writes_no_bytecode_into_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verify loads the user's tree (a fork's checkout, a patched copy):
+    with Python's bytecode writing on, it must still leave no __pycache__
+    there (a revert compared byte for byte found one)."""
+    interpreted()
+    from gdn_backport import sources
+    from gdn_backport.harness.loader import load_tree
+
+    tree = sources.copy_release("0.28.0", tmp_path / "tree")
+    for cached in tree.rglob("*.pyc"):
+        cached.unlink()
+    monkeypatch.setattr("sys.dont_write_bytecode", False)
+    loaded = load_tree(tree)
+    assert loaded.module is not None
+    import sys
+
+    assert sys.dont_write_bytecode is False
+    assert sorted(tree.rglob("*.pyc")) == []
+
+
 def test_stubbed_tree_modules_keep_their_literal_constants(tmp_path: Path) -> None:
     utils = tmp_path / "vllm" / "attention" / "backends" / "utils.py"
     utils.parent.mkdir(parents=True)

@@ -33,7 +33,10 @@ GDN = "vllm.model_executor.layers.gdn"
 
 
 def _as_layer(function: str) -> str:
-    """One of the codemod's ``spec_step`` examples as ``Layer._forward_core``."""
+    """One of the codemod's ``spec_step`` examples as ``Layer._forward_core``
+    (an example that is already a ``Layer`` class is taken as it is)."""
+    if function.startswith("class Layer:"):
+        return function
     method = function.replace("def spec_step(", "def _forward_core(")
     return "class Layer:\n" + textwrap.indent(method, "    ")
 

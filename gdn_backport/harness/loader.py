@@ -277,11 +277,16 @@ class LoadedTree:
             # Older FLA wrappers enter torch.cuda.device(t.device.index), None
             # for a CPU tensor, which a CPU-only torch refuses.
             torch.cuda.device = _cpu_device  # type: ignore[misc,assignment]
+        # The tree under test is the user's (a fork's checkout, a patched
+        # copy): loading it must leave no __pycache__ in it.
+        writes_bytecode = sys.dont_write_bytecode
+        sys.dont_write_bytecode = True
         self._depth = 1
         try:
             yield self
         finally:
             self._depth = 0
+            sys.dont_write_bytecode = writes_bytecode
             torch.cuda.device = cuda_device  # type: ignore[misc]
             sys.meta_path.remove(finder)
             for name in [n for n in sys.modules if _owned(n)]:
