@@ -219,7 +219,9 @@ def wheel(session: nox.Session) -> None:
     # 0.25.1 is affected: scan exits 1 and names the site; the matrix check
     # compares every scan of the release with matrix/releases.toml (exit 0).
     scan = [cli, "scan", "--release", "0.25.1"]
-    out = session.run(*scan, external=True, success_codes=[1], silent=True)
+    # Wide enough that no table cell wraps (tables fit the terminal, 100
+    # columns without one): the check below looks for whole names.
+    out = session.run(*scan, external=True, success_codes=[1], silent=True, env={"COLUMNS": "1000"})
     if "affected" not in str(out) or "GDNAttentionMetadataBuilder.build" not in str(out):
         # Every patchset's sites: the layer's spec path and the metadata builder.
         session.error(f"gdn-backport scan --release 0.25.1 from the wheel: {out}")
