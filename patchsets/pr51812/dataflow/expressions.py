@@ -149,7 +149,10 @@ class Expressions(WalkerState):
             it = self.ev(comp.iter, inner)
             parts.append(it)
             for n in names_in(comp.target):
-                inner[n.value] = frozenset({NONE_VAL})
+                # An element carries the rows its container's values carry
+                # (a tuple of tensors): bound to nothing, a gather inside
+                # the comprehension was lost and its result read as clean.
+                inner[n.value] = it
             for cond in comp.ifs:
                 self.ev(cond.test, inner)
             comp = comp.inner_for_in
