@@ -46,6 +46,10 @@ fi
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0))"
 ls /tmp/site | grep -m1 '^vllm-.*dist-info'
 
+# ENGINE_STEPS="s5-production s8-doctor" runs only those steps (a session
+# finishing what an earlier one left); unset, every step runs.
+only=()
+for step in ${ENGINE_STEPS:-}; do only+=(--only "$step"); done
 elapsed=$(( $(date +%s) - start ))
 python3 bench/bench_engine.py --site /tmp/site --results /tmp/engine-results \
-  --variants /tmp/variants --deadline $(( deadline - elapsed )) ${OUT:+--out "$OUT"}
+  --variants /tmp/variants --deadline $(( deadline - elapsed )) ${OUT:+--out "$OUT"} ${only[@]+"${only[@]}"}
