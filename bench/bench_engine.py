@@ -108,6 +108,16 @@ STEPS = (
         cudagraph_mode="PIECEWISE",
         folder="kernel-cost-piecewise",
     ),
+    # The same at FULL_AND_PIECEWISE with the order rotated over three
+    # rounds after one warm-up engine (s9's first round showed the first
+    # engine of a call paying for the call's compiles).
+    Step(
+        "s11-kernel-cost-rounds",
+        "throughput",
+        ("unpatched",) + ("unpatched", "kernel", "gather", "kernel", "gather", "unpatched")
+        + ("gather", "unpatched", "kernel"),
+        folder="kernel-cost-rounds",
+    ),
 )
 
 BATCHES = (1, 8, 64)
