@@ -843,7 +843,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(_legacy_matrix(argv))
-        code = COMMANDS[args.command](args)
+        from gdn_backport import cache
+
+        with cache.run():  # one command: each content analysed once
+            code = COMMANDS[args.command](args)
         # What is still buffered is written here, where a failure can be told
         # from the run's verdict (at exit it would become Python's code 120).
         sys.stdout.flush()
