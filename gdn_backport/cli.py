@@ -328,7 +328,6 @@ def _resolve(args: argparse.Namespace, write: bool, create: bool = True) -> Path
     """The tree a command works on. ``write``: it will be written (a PATH in
     the release cache is refused; ``--release`` means the --workdir copy);
     ``create``: make that copy if missing (else None when there is none)."""
-    from gdn_backport import sources
     from gdn_backport.tree import check_vllm_tree
 
     if getattr(args, "workdir", None) is not None and args.release is None:
@@ -336,8 +335,12 @@ def _resolve(args: argparse.Namespace, write: bool, create: bool = True) -> Path
     if args.path is not None:
         check_vllm_tree(Path(args.path), records=args.command == "revert")
         if write:
+            from gdn_backport import sources  # the release machinery: 10 ms a scan need not pay
+
             sources.check_outside_cache(Path(args.path))
         return Path(args.path)
+    from gdn_backport import sources
+
     if args.installed:
         from gdn_backport import installed
 

@@ -169,3 +169,24 @@ def test_a_caller_of_main_keeps_its_collector(
     before = (gc.isenabled(), gc.get_threshold(), gc.get_freeze_count())
     assert run(capsys, "scan", str(affected_tree))[0] == 1
     assert (gc.isenabled(), gc.get_threshold(), gc.get_freeze_count()) == before
+
+
+def test_a_scan_of_a_path_imports_no_release_or_codemod_machinery(affected_tree: Path) -> None:
+    """``scan PATH`` pays for neither the release machinery (http, tarfile,
+    packaging: ``sources``) nor libcst's codemods (0.4 s)."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\nfrom gdn_backport.cli import main\n"
+        "code = main(['scan', sys.argv[1]])\n"
+        "print(code, *sorted(m for m in ('gdn_backport.sources', 'libcst.codemod') "
+        "if m in sys.modules))\n"
+    )
+    env = {**os.environ, "GDN_BACKPORT_NO_CACHE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(affected_tree)],
+        capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    assert done.stdout.splitlines()[-1].split() == ["1"]
