@@ -15,6 +15,13 @@ that does not hold what the reader expects, is ignored (the result is
 recomputed and the entry rewritten); a folder that cannot be made or written
 is simply not used for the rest of the process. ``GDN_BACKPORT_NO_CACHE=1``
 turns it off. Nothing is ever written into the tree being analysed.
+
+Within one command (:func:`run`, which ``cli.main`` and ``pipeline.apply``
+enter) every result is also kept in memory, cache on or off: the same
+name, so the same contents, is analysed once per command (a proof
+re-analysing the tree with one file rewritten analyses that file again,
+the others not). What is kept is the entry's document, read back as a disk
+hit would be.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ import importlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -43,6 +51,10 @@ T = TypeVar("T")
 FORMAT = 1
 
 _state = {"broken": False}
+
+# The running command's results: name -> the entry's document as JSON text
+# (what a disk entry holds: a reader never shares objects with another).
+_memo: ContextVar[dict[str, str] | None] = ContextVar("gdn_backport_cache_memo", default=None)
 
 
 def enabled() -> bool:
@@ -164,27 +176,61 @@ def store(name: str, value: object) -> None:
         _state["broken"] = True
 
 
+@contextlib.contextmanager
+def run() -> Iterator[None]:
+    """One command: within it, a result computed (or read from disk) once is
+    read back from memory; entered again inside, the outer run's memory is
+    used. Left, it is forgotten (a later command analyses afresh)."""
+    if _memo.get() is not None:
+        yield
+        return
+    token = _memo.set({})
+    try:
+        yield
+    finally:
+        _memo.reset(token)
+
+
+def _remember(name: str, doc: object) -> None:
+    memo = _memo.get()
+    if memo is not None:
+        with contextlib.suppress(TypeError, ValueError):
+            memo[name] = json.dumps(doc)
+
+
 def cached(
     name: str,
     compute: Callable[[], T],
     dump: Callable[[T], object],
     read: Callable[[object], T],
 ) -> T:
-    """The result named ``name``: read back from the cache (``read`` of the
-    stored document; any error there is a miss), else computed and stored
-    (``dump`` makes it a JSON document; None: not stored)."""
+    """The result named ``name``: read back from this command's memory or
+    the cache (``read`` of the stored document; any error there is a miss),
+    else computed and stored (``dump`` makes it a JSON document; None: not
+    stored, nor kept in memory)."""
+    memo = _memo.get()
+    kept = None if memo is None else memo.get(name)
+    if kept is not None:
+        try:
+            return read(json.loads(kept))
+        except Exception:  # pragma: no cover - a reader that rejects its own document
+            pass
     doc = load(name)
     if doc is not None:
         try:
-            return read(doc)
+            value = read(doc)
         except Exception:  # a corrupt or foreign entry: recompute
             pass
+        else:
+            _remember(name, doc)
+            return value
     value = compute()
     try:
         dumped = dump(value)
     except Exception:  # pragma: no cover - a result we cannot store
         return value
     if dumped is not None:  # None: this result must not be kept
+        _remember(name, dumped)
         store(name, dumped)
     return value
 

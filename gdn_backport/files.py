@@ -55,6 +55,20 @@ class Walk:
     leftovers: list[Path] = field(default_factory=list)
 
 
+# ``Path(entry.path)`` parses the whole path again: a tenth of a cached
+# rescan of 3,000 files. A child built from its folder's parsed parts is the
+# same path (CPython's own ``Path.iterdir`` builds it so); where an
+# interpreter has no such method, the plain join.
+_CHILD = getattr(Path, "_make_child_relpath", None)
+
+
+def _child(folder: Path, name: str) -> Path:
+    if _CHILD is not None:
+        child: Path = _CHILD(folder, name)
+        return child
+    return folder / name
+
+
 def walk(root: Path) -> Walk:
     """Walk ``root`` (or take ``root`` itself, a single file).
 
@@ -109,7 +123,7 @@ def walk(root: Path) -> Walk:
                     if entry.name not in SKIP_DIRS and not _holds(real, top):
                         pending.append((Path(entry.path), real))
                 elif stat.S_ISREG(st.st_mode) and entry.name.endswith(".py"):
-                    add(Path(entry.path), os.path.realpath(entry.path), True)
+                    add(_child(folder, entry.name), os.path.realpath(entry.path), True)
             elif entry.is_dir(follow_symlinks=False):
                 if entry.name not in SKIP_DIRS:
                     folders.append(entry)
@@ -117,13 +131,13 @@ def walk(root: Path) -> Walk:
                     out.leftovers.extend(_state_leftovers(Path(entry.path)))
             elif entry.is_file(follow_symlinks=False):
                 if entry.name.endswith(".py"):
-                    add(Path(entry.path), os.path.join(real_dir, entry.name), linked)
+                    add(_child(folder, entry.name), os.path.join(real_dir, entry.name), linked)
                 elif not linked:
                     m = _LEFTOVER.match(entry.name)
                     if m and m["name"] in names:
                         out.leftovers.append(Path(entry.path))
         for sub in folders:
-            visit(Path(sub.path), os.path.join(real_dir, sub.name), linked)
+            visit(_child(folder, sub.name), os.path.join(real_dir, sub.name), linked)
 
     visit(root, top, False)
     while pending:

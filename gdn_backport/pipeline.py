@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gdn_backport import __version__, atomic, files
+from gdn_backport import __version__, atomic, cache, files
 from gdn_backport.errors import UsageError
 from gdn_backport.records import Record, Records, sha256
 from gdn_backport.result import Failure, Success, attempt
@@ -319,7 +319,8 @@ def apply(
     lock: contextlib.AbstractContextManager[None] = (
         atomic.tree_lock(tree.root) if mode is Mode.WRITE else contextlib.nullcontext()
     )
-    with lock:
+    # Each proof analyses the tree again: only the rewritten texts anew.
+    with lock, cache.run():
         plans: list[tuple[Patchset, Plan]] = []
         for ps in chosen:
             plan = _plan(ps, tree, ps.strategy(strategy), mode)

@@ -249,3 +249,64 @@ def test_the_reason_of_another_callee_is_the_same_in_every_process(release: Any)
         reasons.add(tuple(s["reason"] for s in json.loads(done.stdout)["sites"]))
     assert len(reasons) == 1
     assert "carries all rows" in " ".join(next(iter(reasons)))
+
+
+def test_one_command_analyses_each_content_once(
+    release: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``apply`` proves pr51565's rewrite by analysing the tree again: the
+    modules it did not rewrite are read back from the run's memory (the
+    cache off, as in every test), only the rewritten texts analysed anew;
+    the outcome is the one a run without that memory gives."""
+    tree = release("0.25.1")
+    seen: list[str] = []
+    real = scan51565.analyse_module
+
+    def counting(module: Any, text: str, cfg: Any) -> Any:
+        seen.append(text)
+        return real(module, text, cfg)
+
+    monkeypatch.setattr(scan51565, "analyse_module", counting)
+    code, out, _ = run(capsys, "apply", "--dry-run", "--json", "--patchset", "pr51565", str(tree))
+    assert code == 0 and json.loads(out)["diff"]
+    assert seen and len(seen) == len(set(seen))  # no text analysed twice
+    # The same outcome without the run's memory: every analysis afresh.
+    monkeypatch.setattr(cache, "run", lambda: __import__("contextlib").nullcontext())
+    before = len(seen)
+    code_alone, out_alone, _ = run(
+        capsys, "apply", "--dry-run", "--json", "--patchset", "pr51565", str(tree)
+    )
+    assert (code_alone, out_alone) == (code, out)
+    assert len(seen) - before > before  # the proof re-analysed the unchanged modules
+
+
+def test_the_run_memory_is_named_by_content(tmp_path: Path) -> None:
+    """Within one command a result is read back only under its own name (the
+    module's text): another text is analysed, never handed the first one's
+    findings; outside a command nothing is kept (the cache off)."""
+    from gdn_backport.patchsets.pr51565.codemods.builder_rule import BuilderRuleCodemod
+    from gdn_backport.patchsets.pr51565.config import load
+
+    cfg = load()
+    affected, fixed = BuilderRuleCodemod.REWRITES[0]
+    calls: list[str] = []
+    real = scan51565.analyse_module
+
+    def counting(module: Any, text: str, c: Any) -> Any:
+        calls.append(text)
+        return real(module, text, c)
+
+    file = tmp_path / "m.py"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scan51565, "analyse_module", counting)
+        with cache.run():
+            first = scan51565._analysed(file, affected, cfg)
+            assert [f.status.value for f in first] == ["affected"]
+            first.clear()  # the reader's own list: the memory keeps its document
+            again = scan51565._analysed(file, affected, cfg)
+            changed = scan51565._analysed(file, fixed, cfg)
+        assert calls == [affected, fixed]
+        assert [f.status.value for f in again] == ["affected"]
+        assert [f.status.value for f in changed] == ["fixed"]
+        assert scan51565._analysed(file, affected, cfg) == again  # outside: afresh
+        assert calls == [affected, fixed, affected]
