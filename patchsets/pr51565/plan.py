@@ -64,7 +64,9 @@ def plan(tree: Tree, strategy: str, mode: Mode) -> Plan:
     out = Outcome(root)
     # A folder is analysed whole; one file, with the folder it is in (its tree).
     scope = path if path.is_dir() else root
-    before = findings(tree, scope)
+    # One run's analyses: the proof re-analyses only the modules it rewrote.
+    memo: dict[tuple[Path, str], list[Finding]] = {}
+    before = findings(tree, scope, memo=memo)
     below = path.resolve()
 
     def shown(file: Path) -> bool:
@@ -142,7 +144,7 @@ def plan(tree: Tree, strategy: str, mode: Mode) -> Plan:
         )
         out.refused.append((_here(path, root), why))
     if not out.refused:
-        _prove(tree, scope, texts, out)
+        _prove(tree, scope, texts, out, memo)
     conclude(out, mode, bool(staged))
     if out.refused:
         return Plan(out, strategy=strategy)
@@ -169,7 +171,13 @@ def _rewrite(
     return text
 
 
-def _prove(tree: Tree, scope: Path, texts: dict[Path, str], out: Outcome) -> None:
+def _prove(
+    tree: Tree,
+    scope: Path,
+    texts: dict[Path, str],
+    out: Outcome,
+    memo: dict[tuple[Path, str], list[Finding]] | None = None,
+) -> None:
     """Every rewrite compiles, and the tree analysed again with all of them
     in place has no site left affected or unknown."""
     root = tree.root
@@ -180,7 +188,7 @@ def _prove(tree: Tree, scope: Path, texts: dict[Path, str], out: Outcome) -> Non
             out.refused.append((relative(file, root), f"the rewrite does not compile: {exc}"))
     if out.refused:
         return
-    after = findings(tree, scope, texts)
+    after = findings(tree, scope, texts, memo)
     by_key = {
         (relative(file, root), f.function, f.kind): f for file, fs in after.items() for f in fs
     }
