@@ -53,7 +53,7 @@ def _modules() -> dict[str, str]:
     texts["INSTALLED"] = INSTALLED
     texts["INSTALLED_CONTINUED"] = INSTALLED.replace(" . build=", ".\\\n    build =")
     texts["DEF_SPACED"] = prior.BUILDER.replace("def build", "def  build")
-    # NFKC reads "ｂuild" (a fullwidth b) as "build".
+    # NFKC reads a fullwidth b (U+FF42) as "b".
     texts["NFKC_METHOD"] = prior.BUILDER.replace("def build", "def \uff42uild")
     texts["NFKC_FIELD"] = INSTALLED.replace(
         "GDNAttentionMetadataBuilder . build", "B.build"
