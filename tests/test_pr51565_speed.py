@@ -135,3 +135,38 @@ def test_partial_keeps_the_text_lazy() -> None:
 
     scan.sieve(load())(OTHER_BACKEND.encode(), functools.partial(text))
     assert calls == []
+
+
+def test_the_v1_route_is_looked_for_only_in_methods_naming_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every method of an 8,000-line runner was walked for the dispatch
+    call; now only those whose lines name it (in NFKC form: a fullwidth
+    letter spells the same name)."""
+    from gdn_backport.patchsets.pr51565 import analysis
+
+    walked: list[str] = []
+    real = analysis._v1_calls
+
+    def counted(qual: str, fn: ast.FunctionDef, cfg: Config) -> object:
+        walked.append(qual)
+        return real(qual, fn, cfg)
+
+    monkeypatch.setattr(analysis, "_v1_calls", counted)
+    text = examples.V1_RUNNER
+    plain = analyse_module(ast.parse(text), text, load())
+    assert [f.function for f in plain] == ["GPUModelRunner.execute_model"]
+    named = {
+        q for q, fn in analysis._methods(ast.parse(text)) if "_determine_batch" in ast.unparse(fn)
+    }
+    assert "GPUModelRunner._update_states" not in named
+    assert sorted(walked) == sorted(named)
+    walked.clear()
+    # U+FF44, a fullwidth d, reads as "d".
+    wide = text.replace(
+        "self._determine_batch_execution_and_padding(\n",
+        "self._\uff44etermine_batch_execution_and_padding(\n",
+    )
+    assert wide != text
+    found = analyse_module(ast.parse(wide), wide, load())
+    assert [(f.function, f.status) for f in found] == [(f.function, f.status) for f in plain]
