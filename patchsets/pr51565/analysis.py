@@ -44,6 +44,8 @@ verdict, and one that differs gets ``unknown`` rather than a guess.
 from __future__ import annotations
 
 import ast
+import re
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -528,48 +530,52 @@ def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef]]:
 def _installed_builds(tree: ast.Module) -> dict[str, str]:
     """Module functions put on a class as its ``build`` (a plugin replacing
     ``GDNAttentionMetadataBuilder.build``, wrapped or not), anywhere in the
-    module: function name -> the class expression it is put on."""
-    found: list[tuple[str, str]] = []
-    for node in _assign_statements(tree.body):
+    module: function name -> the class expression it is put on (one
+    function put on two classes: the last in ``ast.walk``'s order)."""
+    found: list[tuple[tuple[int, tuple[int, ...]], str, str]] = []
+    for path, node in _assign_statements(tree, ()):
         for target in node.targets:
             if isinstance(target, ast.Attribute) and target.attr == "build":
                 value: ast.expr = node.value
                 while isinstance(value, ast.Call):  # wraps(original)(fn), decorators
                     value = value.args[-1] if value.args else value.func
                 if isinstance(value, ast.Name):
-                    found.append((value.id, ast.unparse(target.value)))
-    names = dict(found)
-    if len(names) < len(set(found)):
-        # One function put on two classes: the last of ``ast.walk``'s
-        # (breadth-first) order wins, as it always did.
-        names = {}
-        for walked in ast.walk(tree):
-            if isinstance(walked, ast.Assign):
-                for target in walked.targets:
-                    if isinstance(target, ast.Attribute) and target.attr == "build":
-                        named: ast.expr = walked.value
-                        while isinstance(named, ast.Call):
-                            named = named.args[-1] if named.args else named.func
-                        if isinstance(named, ast.Name):
-                            names[named.id] = ast.unparse(target.value)
-    return names
+                    # ``ast.walk`` is breadth-first: by depth, then by path.
+                    found.append(((len(path), path), value.id, ast.unparse(target.value)))
+    found.sort(key=lambda item: item[0])
+    return {name: on for _, name, on in found}
 
 
-def _assign_statements(body: list[ast.stmt]) -> Iterator[ast.Assign]:
-    """Every ``=`` statement in ``body`` and the blocks inside it (statements
-    live only in blocks: walking them, not every expression node, finds the
-    same assignments as ``ast.walk`` at a fraction of its cost)."""
-    for node in body:
-        if isinstance(node, ast.Assign):
-            yield node
-        for name in ("body", "orelse", "finalbody"):
-            block = getattr(node, name, None)
-            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
-                yield from _assign_statements(block)
-        for handler in getattr(node, "handlers", ()):
-            yield from _assign_statements(handler.body)
-        for case in getattr(node, "cases", ()):
-            yield from _assign_statements(case.body)
+def _assign_statements(
+    node: ast.AST, path: tuple[int, ...]
+) -> Iterator[tuple[tuple[int, ...], ast.Assign]]:
+    """Every ``=`` statement below ``node`` with its path (child indices, as
+    ``ast.iter_child_nodes`` counts them). Statements live only in blocks:
+    walking them, not every expression node, finds the same assignments as
+    ``ast.walk`` at a fraction of its cost."""
+    for i, child in enumerate(ast.iter_child_nodes(node)):
+        if isinstance(child, ast.Assign):
+            yield (*path, i), child
+        elif isinstance(child, ast.stmt | ast.excepthandler | ast.match_case):
+            yield from _assign_statements(child, (*path, i))
+
+
+def _source_lines(text: str) -> list[str]:
+    """The lines ast counts (split at ``\n``, ``\r\n``, ``\r``), each as
+    Python reads its identifiers (NFKC: a non-ASCII letter may spell an
+    ASCII name)."""
+    lines = re.split(r"\r\n|\r|\n", text)
+    if text.isascii():
+        return lines
+    return [unicodedata.normalize("NFKC", line) for line in lines]
+
+
+def _names_in(lines: list[str], fn: ast.FunctionDef, name: str) -> bool:
+    """``name`` is written in ``fn``'s lines (:func:`_source_lines`): a call
+    of ``name`` inside needs it (a cheap test before walking every node)."""
+    start = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
+    end = fn.end_lineno or len(lines)
+    return any(name in line for line in lines[start - 1 : end])
 
 
 def analyse_module(tree: ast.Module, text: str, cfg: Config) -> list[Finding]:
@@ -577,10 +583,12 @@ def analyse_module(tree: ast.Module, text: str, cfg: Config) -> list[Finding]:
     settled by :func:`settle`, which knows the tree's builders)."""
     out: list[Finding] = []
     v1 = cfg.v1_dispatch in text and any(fn.name == cfg.v1_uniform for _, fn in _methods(tree))
+    v2 = cfg.v2_shape_only in text
     installed = _installed_builds(tree)
     # A class's own ``build`` where the module classifies with the split
     # function; any function a module installs as some class's ``build``.
     has_split = cfg.split in text
+    lines = _source_lines(text) if v1 else None
     for qual, fn in _functions(tree):
         if (has_split and fn.name == "build" and "." in qual) or fn.name in installed:
             on = installed.get(fn.name, "") if "." not in qual else ""
@@ -589,9 +597,9 @@ def analyse_module(tree: ast.Module, text: str, cfg: Config) -> list[Finding]:
                 out.append(found)
         if "." not in qual:
             continue
-        if v1:
+        if lines is not None and _names_in(lines, fn, cfg.v1_dispatch):
             out.extend(_v1_calls(qual, fn, cfg))
-        if cfg.v2_shape_only in text and "scheduler_output" in _params(fn):
+        if v2 and "scheduler_output" in _params(fn):
             out.extend(_v2_calls(qual, fn, cfg))
     return out
 

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gdn_backport import files
-from gdn_backport.codemod import run
 from gdn_backport.errors import Refusal, UsageError
 from gdn_backport.pipeline import Mode, Outcome, Plan, SiteChange, Staged, conclude, unified_diff
 from gdn_backport.result import Failure, Success
@@ -26,6 +25,7 @@ from gdn_backport.tree import Tree, relative
 from . import ID, PATCHSET
 from .analysis import Finding
 from .codemods.base import FindingCodemod, InTree, TreeFacts, facts_of
+from .codemods.segments import run_on_methods
 from .config import Config, load
 from .scan import _kind, _kind_of, _site, findings
 from .scan import markers as markers
@@ -64,7 +64,9 @@ def plan(tree: Tree, strategy: str, mode: Mode) -> Plan:
     out = Outcome(root)
     # A folder is analysed whole; one file, with the folder it is in (its tree).
     scope = path if path.is_dir() else root
-    before = findings(tree, scope)
+    # One run's analyses: the proof re-analyses only the modules it rewrote.
+    memo: dict[tuple[Path, str], list[Finding]] = {}
+    before = findings(tree, scope, memo=memo)
     below = path.resolve()
 
     def shown(file: Path) -> bool:
@@ -117,7 +119,7 @@ def plan(tree: Tree, strategy: str, mode: Mode) -> Plan:
         text = tree.text(file)
         # An earlier patchset of this run rewrote the file: this layer starts there.
         original = files.encode(file, text, disk) if file in tree.overlay else disk
-        new = _rewrite(text, fs, facts, strategy)
+        new = _rewrite(file, text, fs, facts, strategy)
         if isinstance(new, Failure):
             out.refuse(rel, new)
             continue
@@ -142,7 +144,7 @@ def plan(tree: Tree, strategy: str, mode: Mode) -> Plan:
         )
         out.refused.append((_here(path, root), why))
     if not out.refused:
-        _prove(tree, scope, texts, out)
+        _prove(tree, scope, texts, out, memo)
     conclude(out, mode, bool(staged))
     if out.refused:
         return Plan(out, strategy=strategy)
@@ -150,16 +152,17 @@ def plan(tree: Tree, strategy: str, mode: Mode) -> Plan:
 
 
 def _rewrite(
-    text: str, sites: list[Finding], facts: TreeFacts | None, strategy: str
+    file: Path, text: str, sites: list[Finding], facts: TreeFacts | None, strategy: str
 ) -> str | Failure:
     """``text`` with every site of ``sites`` fixed, each codemod of the
-    strategy in turn fixing its own kind; the first refusal otherwise."""
+    strategy in turn fixing its own kind; the first refusal otherwise.
+    libcst reads only the methods a codemod rewrites (:mod:`.codemods.segments`)."""
     for codemod in PATCHSET.codemods()[strategy]:
         assert issubclass(codemod, FindingCodemod), codemod
         mine = tuple(f for f in sites if f.kind == codemod.KIND)
         if not mine:
             continue
-        result = run(codemod(within=InTree(mine, facts, text)), text)
+        result = run_on_methods(codemod, InTree(mine, facts, text), files.parse_ast(file, text))
         if isinstance(result, Failure):
             return result
         if not isinstance(result, Success):
@@ -169,7 +172,13 @@ def _rewrite(
     return text
 
 
-def _prove(tree: Tree, scope: Path, texts: dict[Path, str], out: Outcome) -> None:
+def _prove(
+    tree: Tree,
+    scope: Path,
+    texts: dict[Path, str],
+    out: Outcome,
+    memo: dict[tuple[Path, str], list[Finding]] | None = None,
+) -> None:
     """Every rewrite compiles, and the tree analysed again with all of them
     in place has no site left affected or unknown."""
     root = tree.root
@@ -180,7 +189,7 @@ def _prove(tree: Tree, scope: Path, texts: dict[Path, str], out: Outcome) -> Non
             out.refused.append((relative(file, root), f"the rewrite does not compile: {exc}"))
     if out.refused:
         return
-    after = findings(tree, scope, texts)
+    after = findings(tree, scope, texts, memo)
     by_key = {
         (relative(file, root), f.function, f.kind): f for file, fs in after.items() for f in fs
     }

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import functools
+import re
+import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 
 from gdn_backport import cache, files
@@ -22,33 +26,87 @@ def markers(cfg: Config) -> tuple[bytes, ...]:
     return (*(n.encode() for n in names), b".build =")
 
 
+def sieve(cfg: Config) -> Callable[[bytes, Callable[[], str]], bool]:
+    """Whether a module may hold a site, from its bytes (and, where they are
+    not ASCII, its text): a function, a marker, and what
+    :func:`~.analysis.analyse_module` needs to report anything. Most modules
+    naming the split function are other backends' builders or GDN layers
+    that read a family field: parsing them found nothing."""
+    marks = markers(cfg)
+    split, family = cfg.split.encode(), tuple(n.encode() for n in sorted(cfg.family))
+    v1 = (cfg.v1_dispatch.encode(), cfg.v1_uniform.encode())
+    v2 = (cfg.v2_shape_only.encode(), b"scheduler_output")
+    # ``def build`` and ``.build`` as the tokenizer may space them.
+    build_method = re.compile(rb"def[ \t\f\\\r\n]+build\b")
+    build_attr = re.compile(rb"\.[ \t\f\\\r\n]*build\b")
+
+    def needs(data: bytes) -> bool:
+        fields = any(name in data for name in family)
+        return (
+            # A class's ``build`` where the module names the split function,
+            # filling a family field.
+            (fields and split in data and build_method.search(data) is not None)
+            # A function put on a class as its ``build``: it fills a family
+            # field, or the class expression names GDN or KDA.
+            or (
+                (fields or b"GDN" in data or b"KDA" in data) and build_attr.search(data) is not None
+            )
+            or all(name in data for name in v1)
+            or all(name in data for name in v2)
+        )
+
+    def may_hold(data: bytes, text: Callable[[], str]) -> bool:
+        if b"def " not in data:
+            return False
+        # The markers, and ``X.build=fn`` however it is spaced (the marker
+        # ``.build =`` alone let a plugin's ``X.build=fn`` go unread).
+        if not any(mark in data for mark in marks) and build_attr.search(data) is None:
+            return False
+        if needs(data):
+            return True
+        # A non-ASCII identifier may spell an ASCII name (Python reads
+        # identifiers in NFKC form): the names are looked for there too.
+        return not data.isascii() and needs(
+            unicodedata.normalize("NFKC", text()).encode("utf-8", "surrogatepass")
+        )
+
+    return may_hold
+
+
 def _texts(tree: Tree, scope: Path) -> dict[Path, str]:
     """The files below ``scope`` that may hold a site, decoded (the run's
     overlay first: what an earlier patchset of the run rewrote)."""
     out: dict[Path, str] = {}
-    marks = markers(load())
+    may_hold = sieve(load())
     walked = tree.walk() if scope == tree.path else files.walk(scope)
     for file in walked.files:
         if file in tree.overlay:
             out[file] = tree.overlay[file]
             continue
-        data = tree.read(file)
-        if b"def " in data and any(mark in data for mark in marks):
+        if may_hold(tree.read(file), functools.partial(tree.text, file)):
             out[file] = tree.text(file)
     return out
 
 
 def findings(
-    tree: Tree, scope: Path | None = None, rewrites: dict[Path, str] | None = None
+    tree: Tree,
+    scope: Path | None = None,
+    rewrites: dict[Path, str] | None = None,
+    memo: dict[tuple[Path, str], list[Finding]] | None = None,
 ) -> dict[Path, list[Finding]]:
     """Every site below ``scope`` (default ``tree.path``), runner verdicts
-    settled over them all; ``rewrites``: texts to judge instead (a proof)."""
+    settled over them all; ``rewrites``: texts to judge instead (a proof);
+    ``memo``: the modules one run analysed already (a proof re-analyses only
+    what it rewrote; the findings of a module depend on its text alone)."""
     cfg = load()
     texts = _texts(tree, scope or tree.path)
     texts.update({f: t for f, t in (rewrites or {}).items() if f in texts})
     per_file: dict[Path, list[Finding]] = {}
     for file, text in texts.items():
-        found = _analysed(file, text, cfg)
+        known = None if memo is None else memo.get((file, text))
+        found = _analysed(file, text, cfg) if known is None else known
+        if memo is not None:
+            memo[(file, text)] = found
         if found:
             per_file[file] = found
     flat = settle([f for fs in per_file.values() for f in fs])

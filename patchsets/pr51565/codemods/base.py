@@ -77,6 +77,9 @@ class InTree:
     findings: tuple[Finding, ...]
     facts: TreeFacts | None
     source: str
+    # The module's ast where the codemod is run over its methods alone
+    # (:mod:`.segments`): what it reads of the rest of the module.
+    module: ast.Module | None = None
 
 
 def used_names(nodes: Sequence[cst.CSTNode]) -> set[str]:
@@ -111,6 +114,9 @@ class FindingCodemod(VisitorCommand):
     UNCHANGED: ClassVar[tuple[str, ...]] = ()
     REFUSES: ClassVar[tuple[tuple[str, str], ...]] = ()
     EXAMPLE_ARGS: ClassVar[dict[str, Any]] = {}
+    # Schedules imports (``AddImportsVisitor``): run over its methods alone,
+    # the module's head is needed too (:mod:`.segments`).
+    IMPORTS: ClassVar[bool] = False
 
     def __init__(self, context: CodemodContext | None = None, within: InTree | None = None) -> None:
         super().__init__(context or CodemodContext())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from typing import ClassVar
 
 import libcst as cst
@@ -37,6 +38,7 @@ class BuilderRuleCodemod(FindingCodemod):
     """
 
     KIND = "builder"
+    IMPORTS = True
     DESCRIPTION: str = "rows without prior state classified as prefills (the builder)"
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
@@ -155,7 +157,8 @@ class BuilderRuleCodemod(FindingCodemod):
 
     def after_visit(self, tree: cst.Module) -> None:
         if self.need_replace:
-            if _binds_replace(tree):
+            whole = self.within.module if self.within is not None else None
+            if _binds_replace(tree) if whole is None else _binds_replace_ast(whole):
                 raise Refusal(
                     "the module binds its own 'replace'; cannot import dataclasses.replace"
                 )
@@ -202,4 +205,22 @@ def _binds_replace(module: cst.Module) -> bool:
                 bound = alias.asname.name if alias.asname is not None else alias.name
                 if isinstance(bound, cst.Name) and bound.value == "replace":
                     return True
+    return False
+
+
+def _binds_replace_ast(module: ast.Module) -> bool:
+    """:func:`_binds_replace` read from the module's ast (run over its
+    methods alone, the codemod's own tree is not the module)."""
+    for node in module.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if node.name == "replace":
+                return True
+        elif isinstance(node, ast.Assign):
+            if any(isinstance(t, ast.Name) and t.id == "replace" for t in node.targets):
+                return True
+        elif isinstance(node, ast.ImportFrom):
+            if any(a.name == "*" for a in node.names) or node.module == "dataclasses":
+                continue
+            if any((a.asname or a.name) == "replace" for a in node.names):
+                return True
     return False
