@@ -26,7 +26,7 @@ import libcst as cst
 from gdn_backport import files
 from gdn_backport.errors import UsageError
 
-from . import locate
+from . import locate, segments
 from .config import Patchset
 from .dataflow import TENSOR_ATTRS, Callee, Resolver, Scope
 
@@ -111,8 +111,19 @@ class ClassInfo:
 class ModuleInfo:
     """One module of the tree: its text, functions, classes and imports."""
 
-    def __init__(self, key: str, text: str, path: Path | None, name: str | None) -> None:
+    def __init__(
+        self,
+        key: str,
+        text: str,
+        path: Path | None,
+        name: str | None,
+        seeds: frozenset[str] = frozenset(),
+    ) -> None:
+        """``seeds``: the names that mark code worth a look (a huge module
+        is read only around them: :mod:`.segments`)."""
         self.key = key
+        self.seeds = seeds
+        self._segments: segments.Segmented | None = None
         self.text = text
         self.path = path
         self.name = name  # dotted module name (``vllm.x.y``), None when unknown
@@ -126,9 +137,24 @@ class ModuleInfo:
     @property
     def tree(self) -> ast.Module:
         if self._tree is None:
-            self._tree = files.parse_ast(self.path or Path(self.key), self.text)
+            self._segments = segments.read(self.text, self.seeds) if self.seeds else None
+            tree = self._segments.tree() if self._segments is not None else None
+            self._tree = tree or files.parse_ast(self.path or Path(self.key), self.text)
             self._index()
         return self._tree
+
+    def want(self, name: str) -> None:
+        """A module read in segments reads those binding ``name`` too (a
+        helper another module imports, a base class)."""
+        self.tree  # noqa: B018
+        if self._segments is None or not self._segments.want(name):
+            return
+        tree = self._segments.tree()
+        if tree is None:  # a statement that does not parse: the whole text
+            self._segments = None
+            tree = files.parse_ast(self.path or Path(self.key), self.text)
+        self._tree = tree
+        self._index()
 
     @functools.cached_property
     def imports(self) -> dict[str, str]:
@@ -340,6 +366,7 @@ class TreeIndex:
         self.modules: dict[str, ModuleInfo] = {}
         self._by_path: dict[Path, ModuleInfo | None] = {}
         self._names = patchset.names()
+        self._seeds = self._names | frozenset(m.decode() for m in locate.markers(patchset))
         # function -> (relevant, the call depth that was searched)
         self._relevant: dict[tuple[str, str, int], tuple[bool, int]] = {}
         self._named: dict[tuple[str, str], ModuleInfo | None] = {}
@@ -361,14 +388,14 @@ class TreeIndex:
         if cached is not None and cached.text == text:
             return cached
         text = self.overrides.get(key, text)
-        module = ModuleInfo(self.key_of(path), text, path, _module_name(path))
+        module = ModuleInfo(self.key_of(path), text, path, _module_name(path), self._seeds)
         self.modules[module.key] = module
         self._by_path[key] = module
         return module
 
     def add_text(self, key: str, text: str, where: Path | None = None) -> ModuleInfo:
         """A module known only by its text (one file's source, no tree)."""
-        module = ModuleInfo(key, text, where, None)
+        module = ModuleInfo(key, text, where, None, self._seeds)
         module.path = None
         self.modules[key] = module
         return module
@@ -391,7 +418,7 @@ class TreeIndex:
                 if text is None:
                     data = path.read_bytes()
                     text = files.decode(path, data)
-                module = ModuleInfo(self.key_of(path), text, path, _module_name(path))
+                module = ModuleInfo(self.key_of(path), text, path, _module_name(path), self._seeds)
                 self.modules[module.key] = module
             except (OSError, UsageError):
                 module = None  # a helper we cannot read is not followed
@@ -479,6 +506,7 @@ class TreeIndex:
             cls = module.classes.get(scope.cls)
             fn = self._method((module, cls), parts[1], set()) if cls else None
             return (fn, fn.kind != "staticmethod") if fn is not None else None
+        module.want(parts[0])
         if len(parts) == 1 and written == resolved:
             fn = module.top.get(written)
             return (fn, False) if fn is not None else None
@@ -500,6 +528,7 @@ class TreeIndex:
             rest = parts[i:]
             if not other.defines(rest[0]):
                 return None
+            other.want(rest[0])
             if len(rest) == 1:
                 fn = other.top.get(rest[0])
                 return (fn, False) if fn is not None else None
@@ -518,6 +547,7 @@ class TreeIndex:
                 yield found
 
     def _class(self, module: ModuleInfo, written: str) -> tuple[ModuleInfo, ClassInfo] | None:
+        module.want(written.partition(".")[0])
         if written in module.classes:
             return module, module.classes[written]
         head, _, rest = written.partition(".")
@@ -528,6 +558,8 @@ class TreeIndex:
         level = len(dotted) - len(dotted.lstrip("."))
         parts = dotted.lstrip(".").split(".")
         other = self.module_named("." * level + ".".join(parts[:-1]), module)
+        if other is not None and other.defines(parts[-1]):
+            other.want(parts[-1])
         if other is not None and other.defines(parts[-1]) and parts[-1] in other.classes:
             return other, other.classes[parts[-1]]
         return None
