@@ -86,7 +86,7 @@ def _function_parse(text: str, indented: bool) -> cst.FunctionDef | None:
     return node if isinstance(node, cst.FunctionDef) else None
 
 
-_BLOCKS = (
+BLOCKS = (
     cst.BaseSuite,
     cst.BaseCompoundStatement,
     cst.Else,
@@ -113,7 +113,7 @@ def index_functions(module: cst.Module) -> list[tuple[str, int, cst.FunctionDef]
                 seen[qual] = occurrence + 1
                 found.append((qual, occurrence, child))
                 visit(child, f"{qual}.")
-            elif isinstance(child, _BLOCKS):
+            elif isinstance(child, BLOCKS):
                 visit(child, prefix)
 
     visit(module, "")
