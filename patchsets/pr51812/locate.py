@@ -37,7 +37,14 @@ def markers(patchset: Patchset) -> tuple[bytes, ...]:
     by the index and a helper in another file that only reads the slots are
     both looked at, so neither is missed."""
     f = patchset.fields
-    return tuple(name.encode() for name in sorted({*f.spec_index, *f.spec_state}))
+    return _markers(frozenset({*f.spec_index, *f.spec_state}))
+
+
+@functools.lru_cache(maxsize=8)
+def _markers(names: frozenset[str]) -> tuple[bytes, ...]:
+    # A name holding another (``spec_state_indices_tensor``) marks nothing more.
+    kept = {n for n in names if not any(o != n and o in n for o in names)}
+    return tuple(name.encode() for name in sorted(kept))
 
 
 def may_hold_site(data: bytes, patchset: Patchset) -> bool:

@@ -85,7 +85,7 @@ class FunctionInfo:
         for a in params:
             if a.annotation is not None and "Tensor" not in ast.unparse(a.annotation):
                 objects.add(a.arg)
-        for node in ast.walk(self.node):
+        for node in _nodes(self.node):
             if (
                 isinstance(node, ast.Attribute)
                 and isinstance(node.value, ast.Name)
@@ -257,6 +257,12 @@ def _memo(node: ast.AST, kind: str, compute: Callable[[], Any]) -> Any:
     return value
 
 
+def _nodes(fn: ast.AST) -> tuple[ast.AST, ...]:
+    """``ast.walk`` of a function, made once (its parameters' uses, its
+    callees and the calls handed its parameters are each read from it)."""
+    return _memo(fn, "nodes", lambda: tuple(ast.walk(fn)))  # type: ignore[no-any-return]
+
+
 def _raw_index(tree: ast.Module | None) -> list[tuple[Any, ...]]:
     """Classes ("class", qualname, bases) and functions ("function", qualname,
     occurrence, node, class, kind, top-level) of a module, in source order."""
@@ -291,7 +297,7 @@ def _callees(fn: ast.AST) -> tuple[str, ...]:
     """Every callee a function's code names, as written."""
 
     def compute() -> tuple[str, ...]:
-        found = (ast_callee(n) for n in ast.walk(fn) if isinstance(n, ast.Call))
+        found = (ast_callee(n) for n in _nodes(fn) if isinstance(n, ast.Call))
         return tuple(w for w in found if w is not None)
 
     return _memo(fn, "callees", compute)  # type: ignore[no-any-return]
@@ -640,7 +646,7 @@ class TreeIndex:
         if depth >= 2 or not only:
             return objects
         imports = fn.module.imports
-        for node in ast.walk(fn.node):
+        for node in _nodes(fn.node):
             if not (isinstance(node, ast.Call) and _passes(node, only)):
                 continue
             written = ast_callee(node)
