@@ -37,7 +37,14 @@ def markers(patchset: Patchset) -> tuple[bytes, ...]:
     by the index and a helper in another file that only reads the slots are
     both looked at, so neither is missed."""
     f = patchset.fields
-    return tuple(name.encode() for name in sorted({*f.spec_index, *f.spec_state}))
+    return _markers(frozenset({*f.spec_index, *f.spec_state}))
+
+
+@functools.lru_cache(maxsize=8)
+def _markers(names: frozenset[str]) -> tuple[bytes, ...]:
+    # A name holding another (``spec_state_indices_tensor``) marks nothing more.
+    kept = {n for n in names if not any(o != n and o in n for o in names)}
+    return tuple(name.encode() for name in sorted(kept))
 
 
 def may_hold_site(data: bytes, patchset: Patchset) -> bool:
@@ -86,7 +93,7 @@ def _function_parse(text: str, indented: bool) -> cst.FunctionDef | None:
     return node if isinstance(node, cst.FunctionDef) else None
 
 
-_BLOCKS = (
+BLOCKS = (
     cst.BaseSuite,
     cst.BaseCompoundStatement,
     cst.Else,
@@ -113,7 +120,7 @@ def index_functions(module: cst.Module) -> list[tuple[str, int, cst.FunctionDef]
                 seen[qual] = occurrence + 1
                 found.append((qual, occurrence, child))
                 visit(child, f"{qual}.")
-            elif isinstance(child, _BLOCKS):
+            elif isinstance(child, BLOCKS):
                 visit(child, prefix)
 
     visit(module, "")

@@ -27,7 +27,7 @@ from gdn_backport.tree import Tree, relative
 from .analysis import Walk
 from .codemods.base import Key, Rewrite, SiteCodemod
 from .config import Patchset, for_tree
-from .scan import TreeScan, analyse_tree, scan_tree_full, sites_of
+from .scan import TreeScan, scan_tree_full, sites_of
 from .sites import TreeAnalysis
 
 # A rewrite parses, regenerates and proves the whole module: about a minute
@@ -177,7 +177,8 @@ def _prove_tree(
             out.refused.append((relative(file, root), f"the rewrite does not compile: {exc}"))
     if out.refused:
         return []
-    analysis = analyse_tree(tree.path, patchset, {**tree.overlay, **texts}, root=root)
+    # The run's walk and bytes again (the rewrites and the overlay override them).
+    analysis = scan_tree_full(tree.path, patchset, root, {**tree.overlay, **texts}, tree).analysis
     for key in sorted(rewritten):
         site = analysis.sites.get(key)
         if site is None:

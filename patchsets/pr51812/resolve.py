@@ -26,7 +26,7 @@ import libcst as cst
 from gdn_backport import files
 from gdn_backport.errors import UsageError
 
-from . import locate
+from . import locate, segments
 from .config import Patchset
 from .dataflow import TENSOR_ATTRS, Callee, Resolver, Scope
 
@@ -85,7 +85,7 @@ class FunctionInfo:
         for a in params:
             if a.annotation is not None and "Tensor" not in ast.unparse(a.annotation):
                 objects.add(a.arg)
-        for node in ast.walk(self.node):
+        for node in _nodes(self.node):
             if (
                 isinstance(node, ast.Attribute)
                 and isinstance(node.value, ast.Name)
@@ -111,8 +111,19 @@ class ClassInfo:
 class ModuleInfo:
     """One module of the tree: its text, functions, classes and imports."""
 
-    def __init__(self, key: str, text: str, path: Path | None, name: str | None) -> None:
+    def __init__(
+        self,
+        key: str,
+        text: str,
+        path: Path | None,
+        name: str | None,
+        seeds: frozenset[str] = frozenset(),
+    ) -> None:
+        """``seeds``: the names that mark code worth a look (a huge module
+        is read only around them: :mod:`.segments`)."""
         self.key = key
+        self.seeds = seeds
+        self._segments: segments.Segmented | None = None
         self.text = text
         self.path = path
         self.name = name  # dotted module name (``vllm.x.y``), None when unknown
@@ -126,9 +137,24 @@ class ModuleInfo:
     @property
     def tree(self) -> ast.Module:
         if self._tree is None:
-            self._tree = files.parse_ast(self.path or Path(self.key), self.text)
+            self._segments = segments.read(self.text, self.seeds) if self.seeds else None
+            tree = self._segments.tree() if self._segments is not None else None
+            self._tree = tree or files.parse_ast(self.path or Path(self.key), self.text)
             self._index()
         return self._tree
+
+    def want(self, name: str) -> None:
+        """A module read in segments reads those binding ``name`` too (a
+        helper another module imports, a base class)."""
+        self.tree  # noqa: B018
+        if self._segments is None or not self._segments.want(name):
+            return
+        tree = self._segments.tree()
+        if tree is None:  # a statement that does not parse: the whole text
+            self._segments = None
+            tree = files.parse_ast(self.path or Path(self.key), self.text)
+        self._tree = tree
+        self._index()
 
     @functools.cached_property
     def imports(self) -> dict[str, str]:
@@ -231,6 +257,12 @@ def _memo(node: ast.AST, kind: str, compute: Callable[[], Any]) -> Any:
     return value
 
 
+def _nodes(fn: ast.AST) -> tuple[ast.AST, ...]:
+    """``ast.walk`` of a function, made once (its parameters' uses, its
+    callees and the calls handed its parameters are each read from it)."""
+    return _memo(fn, "nodes", lambda: tuple(ast.walk(fn)))  # type: ignore[no-any-return]
+
+
 def _raw_index(tree: ast.Module | None) -> list[tuple[Any, ...]]:
     """Classes ("class", qualname, bases) and functions ("function", qualname,
     occurrence, node, class, kind, top-level) of a module, in source order."""
@@ -265,7 +297,7 @@ def _callees(fn: ast.AST) -> tuple[str, ...]:
     """Every callee a function's code names, as written."""
 
     def compute() -> tuple[str, ...]:
-        found = (ast_callee(n) for n in ast.walk(fn) if isinstance(n, ast.Call))
+        found = (ast_callee(n) for n in _nodes(fn) if isinstance(n, ast.Call))
         return tuple(w for w in found if w is not None)
 
     return _memo(fn, "callees", compute)  # type: ignore[no-any-return]
@@ -340,6 +372,7 @@ class TreeIndex:
         self.modules: dict[str, ModuleInfo] = {}
         self._by_path: dict[Path, ModuleInfo | None] = {}
         self._names = patchset.names()
+        self._seeds = self._names | frozenset(m.decode() for m in locate.markers(patchset))
         # function -> (relevant, the call depth that was searched)
         self._relevant: dict[tuple[str, str, int], tuple[bool, int]] = {}
         self._named: dict[tuple[str, str], ModuleInfo | None] = {}
@@ -361,14 +394,14 @@ class TreeIndex:
         if cached is not None and cached.text == text:
             return cached
         text = self.overrides.get(key, text)
-        module = ModuleInfo(self.key_of(path), text, path, _module_name(path))
+        module = ModuleInfo(self.key_of(path), text, path, _module_name(path), self._seeds)
         self.modules[module.key] = module
         self._by_path[key] = module
         return module
 
     def add_text(self, key: str, text: str, where: Path | None = None) -> ModuleInfo:
         """A module known only by its text (one file's source, no tree)."""
-        module = ModuleInfo(key, text, where, None)
+        module = ModuleInfo(key, text, where, None, self._seeds)
         module.path = None
         self.modules[key] = module
         return module
@@ -391,7 +424,7 @@ class TreeIndex:
                 if text is None:
                     data = path.read_bytes()
                     text = files.decode(path, data)
-                module = ModuleInfo(self.key_of(path), text, path, _module_name(path))
+                module = ModuleInfo(self.key_of(path), text, path, _module_name(path), self._seeds)
                 self.modules[module.key] = module
             except (OSError, UsageError):
                 module = None  # a helper we cannot read is not followed
@@ -479,6 +512,7 @@ class TreeIndex:
             cls = module.classes.get(scope.cls)
             fn = self._method((module, cls), parts[1], set()) if cls else None
             return (fn, fn.kind != "staticmethod") if fn is not None else None
+        module.want(parts[0])
         if len(parts) == 1 and written == resolved:
             fn = module.top.get(written)
             return (fn, False) if fn is not None else None
@@ -500,6 +534,7 @@ class TreeIndex:
             rest = parts[i:]
             if not other.defines(rest[0]):
                 return None
+            other.want(rest[0])
             if len(rest) == 1:
                 fn = other.top.get(rest[0])
                 return (fn, False) if fn is not None else None
@@ -518,6 +553,7 @@ class TreeIndex:
                 yield found
 
     def _class(self, module: ModuleInfo, written: str) -> tuple[ModuleInfo, ClassInfo] | None:
+        module.want(written.partition(".")[0])
         if written in module.classes:
             return module, module.classes[written]
         head, _, rest = written.partition(".")
@@ -528,6 +564,8 @@ class TreeIndex:
         level = len(dotted) - len(dotted.lstrip("."))
         parts = dotted.lstrip(".").split(".")
         other = self.module_named("." * level + ".".join(parts[:-1]), module)
+        if other is not None and other.defines(parts[-1]):
+            other.want(parts[-1])
         if other is not None and other.defines(parts[-1]) and parts[-1] in other.classes:
             return other, other.classes[parts[-1]]
         return None
@@ -608,7 +646,7 @@ class TreeIndex:
         if depth >= 2 or not only:
             return objects
         imports = fn.module.imports
-        for node in ast.walk(fn.node):
+        for node in _nodes(fn.node):
             if not (isinstance(node, ast.Call) and _passes(node, only)):
                 continue
             written = ast_callee(node)

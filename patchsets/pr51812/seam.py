@@ -4,7 +4,7 @@ CLI imports every patchset to print its help)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,12 +90,25 @@ def _scan(tree: Tree, patchset: Any) -> tuple[list[Site], str | None, bool]:
             f"; {len(swept)} call(s) handed the spec token index or state slots, each "
             f"accounted for: {calls}"
         )
-    walked = {os.path.realpath(p) for p in _root_walk(tree).files}
-    outside = any(
-        m.path is not None and os.path.realpath(m.path) not in walked
-        for m in result.analysis.index.modules.values()
-    )
-    return result.sites, note, outside
+    return result.sites, note, _outside(tree, result.analysis.index.modules.values())
+
+
+def _outside(tree: Tree, modules: Iterable[Any]) -> bool:
+    """Some of ``modules`` is a file outside the tree's walk. A module is
+    named as the walk names it but where the analysis reached it another way
+    (a link, a path outside the root): only then are real paths compared (a
+    ``realpath`` of each of thousands of files cost a tenth of a scan)."""
+    files = _root_walk(tree).files
+    walked = set(files)
+    real: set[str] | None = None
+    for m in modules:
+        if m.path is None or m.path in walked:
+            continue
+        if real is None:
+            real = {os.path.realpath(p) for p in files}
+        if os.path.realpath(m.path) not in real:
+            return True
+    return False
 
 
 def _root_walk(tree: Tree) -> Any:

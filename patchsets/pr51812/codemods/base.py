@@ -100,6 +100,10 @@ class _Bound:
     inserts: dict[int, list[cst.SimpleStatementLine]]
     edits: dict[int, Edit]
     before: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
+    # The functions rewritten, and the statements and blocks holding them:
+    # every edit lies in one of the functions, so nothing else is visited.
+    targets: frozenset[int] = frozenset()
+    holders: frozenset[int] = frozenset()
 
 
 def live(vals: frozenset[Val], path: frozenset[tuple[str, bool]]) -> list[Val]:
@@ -496,6 +500,20 @@ class _Rewriter(cst.CSTTransformer):
     def __init__(self, plan: _Bound) -> None:
         self.plan = plan
         self.applied: set[int] = set()
+        self._inside = 0  # how many rewritten functions the visit is in
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        plan = self.plan
+        if id(node) in plan.targets:
+            self._inside += 1
+        elif (
+            not self._inside
+            and plan.targets
+            and isinstance(node, cst.BaseStatement)
+            and id(node) not in plan.holders
+        ):
+            return False  # a statement holding no rewritten function stays as it is
+        return super().on_visit(node)
 
     def leave_IndentedBlock(
         self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
@@ -520,11 +538,32 @@ class _Rewriter(cst.CSTTransformer):
         self, original_node: cst.CSTNodeT, updated_node: cst.CSTNodeT
     ) -> cst.CSTNodeT | cst.RemovalSentinel | cst.FlattenSentinel[cst.CSTNodeT]:
         updated = super().on_leave(original_node, updated_node)
+        if id(original_node) in self.plan.targets:
+            self._inside -= 1
         edit = self.plan.edits.get(id(original_node))
         if edit is None or not isinstance(updated, cst.CSTNode):
             return updated
         self.applied.add(id(original_node))
         return edit(updated)  # type: ignore[return-value]
+
+
+def _holders(tree: cst.Module, targets: frozenset[int]) -> frozenset[int]:
+    """The ids of the nodes on the way from ``tree`` to each of ``targets``
+    (compound statements, classes and functions among them, and blocks)."""
+    out: set[int] = set()
+
+    def visit(node: cst.CSTNode) -> bool:
+        found = False
+        for child in children_of(node):
+            if id(child) in targets:
+                found = True
+            elif isinstance(child, locate.BLOCKS) and visit(child):
+                out.add(id(child))
+                found = True
+        return found
+
+    visit(tree)
+    return frozenset(out)
 
 
 def _onto(plan: Plan, tree: cst.Module, funcs: dict[Key, cst.FunctionDef]) -> _Bound:
@@ -547,11 +586,14 @@ def _onto(plan: Plan, tree: cst.Module, funcs: dict[Key, cst.FunctionDef]) -> _B
         ):
             raise Refusal(f"{key[1]}: the module's parse differs from the analysed one")
         moved.update(((key, id(a)), id(b)) for a, b in pairs)
+    targets = frozenset(id(own[key[1:]]) for key in funcs)
     try:
         return _Bound(
             {moved[ref]: lines for ref, lines in plan.inserts.items()},
             {moved[ref]: edit for ref, edit in plan.edits.items()},
             {moved[ref]: lines for ref, lines in plan.before.items()},
+            targets,
+            _holders(tree, targets),
         )
     except KeyError as exc:
         raise Refusal("a planned edit lies outside the functions it rewrites") from exc

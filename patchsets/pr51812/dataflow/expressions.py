@@ -212,6 +212,55 @@ class Expressions(WalkerState):
             return Prov.CONFLICT if base.prov.is_rows else base.prov
         return base.prov
 
+    def _gather(
+        self,
+        node: cst.Subscript | cst.Call,
+        bases: Vals,
+        indexes: Vals,
+        dim: int | None,
+        *,
+        drops_lead: bool = False,
+        unknown_index: bool = False,
+        none_keeps_all: bool = False,
+    ) -> Vals:
+        """The rows ``bases`` indexed by ``indexes`` along ``dim`` hold, the
+        one rule of ``x[idx]``, ``x.index_select(d, idx)`` and the row
+        gathers; each token gather of every row is noted on the flow.
+
+        ``drops_lead``: ``x[0]``, which takes a ``[1, T, H]`` tensor's lead
+        dim away. ``unknown_index``: a call's index of unknown origin (a
+        helper's result, ``getattr(md, "...")``) picks rows nobody can name,
+        never "all of them", where an unknown subscript (``x[0]``, ``x[:n]``)
+        keeps them; ``none_keeps_all``: a row gather handed None returns
+        ``x`` itself."""
+        result: set[Val] = set()
+        for b in bases:
+            for i in indexes:
+                a = consistent(b.assume, i.assume)
+                if a is None:
+                    continue
+                prov = self._select(b, i.prov, dim)
+                lead = b.lead
+                if i.prov in GATHERED and b.prov.is_rows:
+                    if off_axis(b, dim):
+                        self.flow.off_axis.append((node, dim, b.lead))
+                    elif lead is None:
+                        lead = dim  # a token gather along dim d: the axis is d
+                elif drops_lead and lead is not None and lead > 0:
+                    lead -= 1
+                if (
+                    unknown_index
+                    and i.prov in (Prov.NONE, Prov.NULL)
+                    and b.prov.is_rows
+                    and not (none_keeps_all and i.prov is Prov.NULL)
+                ):
+                    prov = Prov.CONFLICT
+                result.add(Val(a, prov, b.defs | i.defs, lead))
+                if i.prov in GATHERED and b.prov is Prov.ALL and prov in GATHERED.values():
+                    self.flow.gathers.append((node, i.prov))
+                    self.flow.gathered_defs |= b.defs
+        return self._cap(result)
+
     def _subscript(self, node: cst.Subscript, env: Env) -> Vals:
         base = self.ev(node.value, env)
         elements = [self._slice_vals(e, env) for e in node.slice]
@@ -234,25 +283,7 @@ class Expressions(WalkerState):
             and isinstance(first.value, cst.Integer)
             and first.value.value == "0"
         )
-        result: set[Val] = set()
-        for b in base:
-            for i in index:
-                a = consistent(b.assume, i.assume)
-                if a is not None:
-                    prov = self._select(b, i.prov, dim)
-                    lead = b.lead
-                    if i.prov in GATHERED and b.prov.is_rows:
-                        if off_axis(b, dim):
-                            self.flow.off_axis.append((node, dim, b.lead))
-                        elif lead is None:
-                            lead = dim  # a token gather along dim d: the axis is d
-                    elif drops_lead and lead is not None and lead > 0:
-                        lead -= 1
-                    result.add(Val(a, prov, b.defs | i.defs, lead))
-                    if i.prov in GATHERED and b.prov is Prov.ALL and prov in GATHERED.values():
-                        self.flow.gathers.append((node, i.prov))
-                        self.flow.gathered_defs |= b.defs
-        return self._cap(result)
+        return self._gather(node, base, index, dim, drops_lead=drops_lead)
 
     def _call(self, node: cst.Call, env: Env) -> Vals:
         func = node.func
@@ -291,30 +322,9 @@ class Expressions(WalkerState):
             dim, none_keeps_all = 0, True
         if base is not None and index is not None:
             bvals, ivals = self.ev(base, env), self.ev(index, env)
-            result: set[Val] = set()
-            for b in bvals:
-                for i in ivals:
-                    a = consistent(b.assume, i.assume)
-                    if a is not None:
-                        prov = self._select(b, i.prov, dim)
-                        lead = b.lead
-                        if i.prov in GATHERED and b.prov.is_rows:
-                            if off_axis(b, dim):
-                                self.flow.off_axis.append((node, dim, b.lead))
-                            elif lead is None:
-                                lead = dim
-                        if none_keeps_all and i.prov is Prov.NULL:
-                            pass  # index None: x itself
-                        elif i.prov in (Prov.NONE, Prov.NULL) and b.prov.is_rows:
-                            # Rows picked by an index of unknown origin (a
-                            # helper's result, ``getattr(md, "...")``): which
-                            # rows is unknown, not "all of them".
-                            prov = Prov.CONFLICT
-                        result.add(Val(a, prov, b.defs | i.defs, lead))
-                        if i.prov in GATHERED and b.prov is Prov.ALL and prov is not Prov.CONFLICT:
-                            self.flow.gathers.append((node, i.prov))
-                            self.flow.gathered_defs |= b.defs
-            return self._cap(result)
+            return self._gather(
+                node, bvals, ivals, dim, unknown_index=True, none_keeps_all=none_keeps_all
+            )
         if callee is not None and is_arange(callee):
             # An identity index: ``x.index_select(0, torch.arange(n))`` keeps
             # every row (a prefix, read as the kernel reads its first rows).
