@@ -233,9 +233,9 @@ def plan(tree: Tree, strategy: str, mode: Mode) -> Plan:
         and any(f.kind == "builder" for fs in todo.values() for f in fs)
         and not any(f.kind != "builder" for fs in before.values() for f in fs)
     ):
-        why = _runner_refusal(tree, scope)
-        if why is not None:
-            out.refused.append((_here(path, root), why))
+        whole = _runner_refusal(tree, scope)
+        if whole is not None:
+            out.refused.append((_here(path, root), whole))
     if not out.refused:
         _prove(tree, scope, texts, out)
     conclude(out, mode, bool(staged))
