@@ -138,10 +138,15 @@ def _runner_refusal(tree: Tree, scope: Path) -> str | None:
     if not open_:
         return None
     rel, f = open_[0]
+    state = (
+        f"has a guard the analysis cannot vouch for ({f.reason})"
+        if f.status is Status.UNKNOWN
+        else "is open (a decode graph replayed for a batch holding a new row would run on "
+        "stale buffers)"
+    )
     return (
         f"the builder fix needs every FULL decode route of {where} guarded, and "
-        f"{rel}:{f.line} {f.function} is open (a decode graph replayed for a batch holding "
-        "a new row would run on stale buffers); apply pr51565 to that vLLM first "
+        f"{rel}:{f.line} {f.function} {state}; apply pr51565 to that vLLM first "
         "(gdn-backport apply --installed, or apply its tree), then to this one"
     )
 
