@@ -136,8 +136,8 @@ def _vllm(args: argparse.Namespace) -> Vllm | None:
 def _vllm_lines(ctx: Vllm | None) -> tuple[list[str], dict[str, object]]:
     """Which vLLM the facts came from: the human line, the JSON addition."""
     doc = ctx.to_json() if ctx is not None else None
-    line = ctx.line() if ctx is not None else None
-    return ([line] if line else []), ({"vllm_context": doc} if doc is not None else {})
+    lines = ctx.lines() if ctx is not None else []
+    return lines, ({"vllm_context": doc} if doc is not None else {})
 
 
 def _format(p: argparse.ArgumentParser) -> None:

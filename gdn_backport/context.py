@@ -116,6 +116,10 @@ class Vllm:
         self._looked = given is not None
         self._tree: Tree | None = None
         self.read: list[str] = []
+        # What a patchset made of this vLLM, kept for the run (by patchset id).
+        self.memo: dict[str, object] = {}
+        # What a patchset has to say of this vLLM and the tree together.
+        self.notes: list[str] = []
 
     @property
     def source(self) -> str:
@@ -148,6 +152,10 @@ class Vllm:
         if what not in self.read:
             self.read.append(what)
 
+    def note(self, line: str) -> None:
+        if line not in self.notes:
+            self.notes.append(line)
+
     def where(self) -> str:
         """The vLLM in a refusal's words."""
         return f"the vLLM at {self._package} ({self._origin()})"
@@ -155,21 +163,21 @@ class Vllm:
     def _origin(self) -> str:
         return f"--vllm {self.given}" if self.given is not None else "the vllm this Python imports"
 
-    def line(self) -> str | None:
-        """The human output line: where the facts came from; None when
-        nothing was read and nothing was named."""
+    def lines(self) -> list[str]:
+        """The human output: where the facts came from, then the notes;
+        nothing when nothing was read and nothing was named."""
         if not self.read and self.given is None:
-            return None
+            return []
         from gdn_backport import vllm_version
 
         assert self._package is not None
         found = vllm_version.detect(self._package)
         version = f"vLLM {found.version}" if found is not None else "version unknown"
         what = ", ".join(self.read) if self.read else "nothing needed from it"
-        return f"vllm read: {self._package} ({self._origin()}; {version}): {what}"
+        return [f"vllm read: {self._package} ({self._origin()}; {version}): {what}", *self.notes]
 
     def to_json(self) -> dict[str, object] | None:
-        """The JSON addition (``vllm_context``); None as for :meth:`line`."""
+        """The JSON addition (``vllm_context``); None as for :meth:`lines`."""
         if not self.read and self.given is None:
             return None
         from gdn_backport import vllm_version
@@ -180,4 +188,5 @@ class Vllm:
             "source": self.source,
             "vllm_version": vllm_version.to_json(vllm_version.detect(self._package)),
             "read": list(self.read),
+            "notes": list(self.notes),
         }

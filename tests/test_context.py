@@ -342,4 +342,46 @@ def test_only_a_plugins_tree_is_read_against_the_importable_vllm(tmp_path: Path)
 
 def test_nothing_read_nothing_said() -> None:
     ctx = Vllm()
-    assert ctx.line() is None and ctx.to_json() is None
+    assert ctx.lines() == [] and ctx.to_json() is None
+
+
+def test_a_fixed_plugin_builder_on_an_open_vllm_runner_is_said_to_be_a_half_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plugin's own site is fixed (exit 0); the half fix it makes with
+    0.31.0's open V1 route is said, in the text and in the JSON."""
+    plugin = _plugin(tmp_path, FIXED_BUILDER)
+    release = str(sources.release_tree("0.31.0"))
+    code, out, _ = run(capsys, "scan", str(plugin), "--vllm", release)
+    note = next(ln for ln in out.splitlines() if ln.startswith("note: pr51565:"))
+    assert code == 0 and "gpu_model_runner.py" in note and "half fix" in note
+    code, out, _ = run(capsys, "scan", str(plugin), "--vllm", release, "--json")
+    assert json.loads(out)["vllm_context"]["notes"] == [note]
+
+
+def test_a_plugins_runner_is_judged_with_the_builders_of_its_vllm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plugin with a runner of its own and no builder: its open FULL
+    decode route is a half fix with 0.31.0's builders, which call a new
+    one-token row a prefill. Fails on the code before: read alone, the
+    route was ``not_affected`` (no builder in the tree reclassifies)."""
+    from tests.test_prior_state import V1_RUNNER
+
+    plugin = _plugin(tmp_path)
+    (plugin / SITE).unlink()
+    runner = "vllm_myplugin/runner.py"
+    (plugin / runner).write_text(
+        "from vllm.v1.worker.gpu_model_runner import GPUModelRunner\n" + V1_RUNNER
+    )
+    release = str(sources.release_tree("0.31.0"))
+    code, out, _ = run(capsys, "scan", str(plugin), "--vllm", release, "--json")
+    doc = json.loads(out)
+    assert code == 1 and [s["status"] for s in doc["sites"]] == ["affected"]
+    assert "half fix" in doc["sites"][0]["reason"]
+    assert "the metadata builders" in doc["vllm_context"]["read"]
+    code, out, err = run(capsys, "apply", str(plugin), "--vllm", release)
+    assert code == 0, err
+    assert "force_uniform_decode=False" in (plugin / runner).read_text()
+    row = next(ln for ln in out.splitlines() if ln.startswith(runner))
+    assert row.split()[-3:] == ["affected", "fixed", "yes"]

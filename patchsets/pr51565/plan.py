@@ -26,7 +26,7 @@ from . import ID, PATCHSET
 from .analysis import Finding
 from .codemods.base import FindingCodemod, InTree, TreeFacts, facts_of
 from .config import Config, load
-from .scan import _kind, _kind_of, _site, findings
+from .scan import _kind, _kind_of, _site, findings, vllm_findings
 from .scan import markers as markers
 from .scan import scan as scan
 from .scan import scan_sites as scan_sites
@@ -99,14 +99,14 @@ def _vllm_runners(tree: Tree) -> tuple[str, list[tuple[str, Finding]]] | None:
     """The FULL decode routes of the vLLM a plugin's tree runs on, each as
     (its path in that vLLM, the finding), with the vLLM's words; None when
     there is no such vLLM."""
-    ctx = tree.vllm
-    vtree = ctx.tree(tree.root) if ctx is not None else None
-    if vtree is None:
+    found = vllm_findings(tree)
+    if found is None:
         return None
-    assert ctx is not None
+    ctx, vtree = tree.vllm, tree.vllm.tree(tree.root) if tree.vllm is not None else None
+    assert ctx is not None and vtree is not None
     routes = [
         (relative(file, vtree.root), f)
-        for file, fs in findings(vtree, vtree.path).items()
+        for file, fs in found.items()
         for f in fs
         if f.kind != "builder"
     ]
