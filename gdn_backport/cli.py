@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from gdn_backport.context import Vllm
     from gdn_backport.pipeline import Mode, Outcome
     from gdn_backport.site import Site
+    from gdn_backport.tree import Tree
 
 
 DESCRIPTION = """\
@@ -131,6 +132,13 @@ def _vllm(args: argparse.Namespace) -> Vllm | None:
             raise UsageError(f"{args.command}: --vllm goes with PATH (a plugin's tree)")
         return None
     return Vllm(given)
+
+
+def _inherited(tree: Tree, chosen: Sequence[registry.Patchset]) -> None:
+    """Notes on the vLLM's sites a plugin's classes run by inheritance."""
+    from gdn_backport.context import inherited_notes
+
+    inherited_notes(tree, chosen)
 
 
 def _vllm_lines(ctx: Vllm | None) -> tuple[list[str], dict[str, object]]:
@@ -491,6 +499,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     for ps in chosen:
         sites += ps.scan(tree)
     _check_single_file(path, sites, chosen)
+    _inherited(tree, chosen)
     left = [tree.relative(p) for p in tree.leftovers()]
     if fmt in ("sarif", "github"):
         _warn(_leftovers_warning(root, left))
@@ -639,6 +648,10 @@ def _cmd_apply(args: argparse.Namespace) -> int:
             )
             out = pipeline.merged(results, tree_root(path))
             _check_single_file(path, [c.site for c in out.changes], chosen)
+            if ctx is not None:
+                from gdn_backport.tree import Tree
+
+                _inherited(Tree.of(path, vllm=ctx), chosen)
         except UsageError:
             _drop_made_workdir(args)
             raise

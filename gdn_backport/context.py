@@ -17,18 +17,21 @@ versions, so the importable vLLM is only consulted for a plugin's tree (no
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib.util
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gdn_backport.errors import UsageError
 
 if TYPE_CHECKING:
+    from gdn_backport.registry import Patchset
     from gdn_backport.tree import Tree
 
-__all__ = ["Vllm", "is_plugin_tree", "vllm_package"]
+__all__ = ["Vllm", "inherited_notes", "is_plugin_tree", "vllm_package"]
 
 GIVEN = "--vllm"
 INSTALLED = "installed"
@@ -190,3 +193,96 @@ class Vllm:
             "read": list(self.read),
             "notes": list(self.notes),
         }
+
+
+def _supers(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """The methods ``fn`` calls on ``super()``."""
+    return {
+        n.func.attr
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and isinstance(n.func.value, ast.Call)
+        and isinstance(n.func.value.func, ast.Name)
+        and n.func.value.func.id == "super"
+    }
+
+
+def _module_file(package: Path, dotted: str) -> Path | None:
+    """The file of vLLM module ``dotted`` (``vllm.a.b``) in ``package``."""
+    parts = dotted.split(".")
+    if parts[0] != "vllm" or len(parts) < 2:
+        return None
+    base = package.joinpath(*parts[1:])
+    for file in (base.with_suffix(".py"), base / "__init__.py"):
+        if file.is_file():
+            return file
+    return None
+
+
+def inherited_notes(tree: Tree, chosen: Sequence[Patchset]) -> None:
+    """Classes of a plugin's tree that run a site of the vLLM by
+    inheritance: the method not overridden, or overridden and handed on
+    with ``super().method(...)``. The site is vLLM's (only that vLLM's
+    tree can be patched): a note names it and its status where it is not
+    clean. One level: the base's own bases are not followed."""
+    ctx = tree.vllm
+    package = ctx.package(tree.root) if ctx is not None else None
+    # vLLM's own tree holds its bases: the patchsets' scans see them there.
+    if ctx is None or package is None or not is_plugin_tree(tree.root):
+        return
+    from gdn_backport import files
+    from gdn_backport.site import Status
+
+    # (module, class) -> its subclasses: (name, methods defined, methods handed on)
+    bases: dict[tuple[str, str], set[tuple[str, frozenset[str], frozenset[str]]]] = {}
+    for file in tree.walk().files:
+        with contextlib.suppress(OSError, UsageError, SyntaxError):
+            data = tree.read(file)
+            if b"vllm" not in data or b"class " not in data:
+                continue
+            module = tree.parse(file)
+            imports = files.module_imports(module)
+            for cls in ast.walk(module):
+                if not isinstance(cls, ast.ClassDef):
+                    continue
+                defs = [
+                    f for f in cls.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                ]
+                user = (
+                    cls.name,
+                    frozenset(f.name for f in defs),
+                    frozenset(m for f in defs for m in _supers(f)),
+                )
+                for base in cls.bases:
+                    dotted = imports.get(base.id, "") if isinstance(base, ast.Name) else ""
+                    if not dotted.startswith("vllm."):
+                        continue
+                    where, name = dotted.rsplit(".", 1)
+                    bases.setdefault((where, name), set()).add(user)
+    for (where, name), users in sorted(bases.items()):
+        source = _module_file(package, where)
+        if source is None:
+            continue
+        for ps in chosen:
+            key = f"inherited:{ps.info.id}:{source}"
+            if key not in ctx.memo:
+                from gdn_backport.tree import Tree
+
+                ctx.memo[key] = ps.scan(Tree.of(source, package.parent))
+            sites = ctx.memo[key]
+            assert isinstance(sites, list)
+            ctx.used(f"{name} (a base class)")
+            for site in sites:
+                cls_name, _, method = site.function.partition(".")
+                if cls_name != name or site.status in (Status.FIXED, Status.NOT_AFFECTED):
+                    continue
+                for sub, own, handed in sorted(users, key=lambda u: u[0]):
+                    if method in own and method not in handed:
+                        continue
+                    how = "hands on to" if method in own else "inherits"
+                    ctx.note(
+                        f"note: {ps.info.id}: {sub}.{method} {how} {site.function} of that "
+                        f"vLLM ({site.path}:{site.line}), {site.status.value}: {site.reason}; "
+                        f"apply {ps.info.id} to that vLLM"
+                    )

@@ -109,8 +109,9 @@ class Tree:
         root: Path | None = None,
         kernels: Sequence[Path] = (),
         within: str | None = None,
+        vllm: Vllm | None = None,
     ) -> Tree:
-        return cls(root or tree_root(path), path, tuple(kernels), within)
+        return cls(root or tree_root(path), path, tuple(kernels), within, vllm)
 
     def walk(self) -> files.Walk:
         """Every ``*.py`` below ``path`` (walked once per run)."""

@@ -385,3 +385,56 @@ def test_a_plugins_runner_is_judged_with_the_builders_of_its_vllm(
     assert "force_uniform_decode=False" in (plugin / runner).read_text()
     row = next(ln for ln in out.splitlines() if ln.startswith(runner))
     assert row.split()[-3:] == ["affected", "fixed", "yes"]
+
+
+LAYER = """\
+from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
+    QwenGatedDeltaNetAttention,
+)
+
+
+class HwGatedDeltaNet(QwenGatedDeltaNetAttention):
+    def _forward_core(self, mixed_qkv, b, a, core_attn_out):
+        self._hw_prepare()
+        return super()._forward_core(mixed_qkv, b, a, core_attn_out)
+
+
+class HwInherits(QwenGatedDeltaNetAttention):
+    def _hw_prepare(self):
+        pass
+
+
+class HwOwnCore(QwenGatedDeltaNetAttention):
+    def _forward_core(self, mixed_qkv, b, a, core_attn_out):
+        return self._hw_core(mixed_qkv, b, a, core_attn_out)
+"""
+
+
+@pytest.mark.parametrize(("version", "noted"), [("0.25.1", True), ("0.31.0", False)])
+def test_a_plugin_layer_running_vllms_forward_core_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], version: str, noted: bool
+) -> None:
+    """pr51812 through inheritance: a subclass handing on to (or inheriting)
+    vLLM's ``_forward_core`` runs vLLM's site; the plugin has none of its
+    own (exit 0) and the note names the vLLM's. Fails on the code before:
+    "no GDN spec path" and nothing more. A class with its own core is not
+    named (its own code is what runs)."""
+    plugin = tmp_path / "plug"
+    (plugin / "vllm_hw").mkdir(parents=True)
+    (plugin / "vllm_hw" / "gdn.py").write_text(LAYER)
+    release = sources.release_tree(version)
+    code, out, _ = run(capsys, "scan", str(plugin), "--vllm", str(release))
+    notes = [ln for ln in out.splitlines() if ln.startswith("note: pr51812:")]
+    assert code == 0 and "QwenGatedDeltaNetAttention (a base class)" in out
+    if not noted:
+        assert notes == []
+        return
+    assert len(notes) == 2, notes
+    assert (
+        "HwGatedDeltaNet._forward_core hands on to QwenGatedDeltaNetAttention._forward_core"
+        in notes[0]
+    )
+    assert "HwInherits._forward_core inherits" in notes[1]
+    assert all("qwen_gdn_linear_attn.py" in n and ", affected: " in n for n in notes)
+    code, out, _ = run(capsys, "scan", str(plugin), "--vllm", str(release), "--json")
+    assert json.loads(out)["vllm_context"]["notes"] == notes
