@@ -269,7 +269,12 @@ def inherited_notes(tree: Tree, chosen: Sequence[Patchset]) -> None:
             if key not in ctx.memo:
                 from gdn_backport.tree import Tree
 
-                ctx.memo[key] = ps.scan(Tree.of(source, package.parent))
+                try:
+                    ctx.memo[key] = ps.scan(Tree.of(source, package.parent))
+                except UsageError as exc:
+                    # After an apply wrote: a note, never a refusal of what is done.
+                    ctx.memo[key] = []
+                    ctx.note(f"note: {ps.info.id}: {name} of that vLLM not read: {exc}")
             sites = ctx.memo[key]
             assert isinstance(sites, list)
             ctx.used(f"{name} (a base class)")

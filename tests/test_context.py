@@ -438,3 +438,21 @@ def test_a_plugin_layer_running_vllms_forward_core_is_named(
     assert all("qwen_gdn_linear_attn.py" in n and ", affected: " in n for n in notes)
     code, out, _ = run(capsys, "scan", str(plugin), "--vllm", str(release), "--json")
     assert json.loads(out)["vllm_context"]["notes"] == notes
+
+
+def test_commit_of_a_plugin_repository_reads_the_same_vllm(
+    tmp_path: Path,
+    patched_v1: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.test_gitflow import make_repo
+
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", "/dev/null")
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    plugin = _plugin(tmp_path)
+    repo = make_repo(plugin)
+    code, out, err = run(capsys, "apply", "--commit", str(plugin), "--vllm", str(patched_v1))
+    assert code == 0, err
+    assert "vllm read: " in out and repo.active_branch.name == "gdn-backport/pr51565"
+    assert "treat_short_extends_as_decodes=False" in repo.git.show("HEAD")
