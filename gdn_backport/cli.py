@@ -22,8 +22,10 @@ from gdn_backport.errors import UsageError
 
 if TYPE_CHECKING:
     from gdn_backport import matrix, vllm_version
+    from gdn_backport.context import Vllm
     from gdn_backport.pipeline import Mode, Outcome
     from gdn_backport.site import Site
+    from gdn_backport.tree import Tree
 
 
 DESCRIPTION = """\
@@ -108,6 +110,44 @@ def _kernels(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _vllm_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--vllm",
+        type=Path,
+        metavar="PATH",
+        help="a plugin's tree: the vLLM it runs on (a source tree or its vllm package "
+        "folder), read, never written, for the definitions the tree lacks; default the vllm "
+        "this Python imports",
+    )
+
+
+def _vllm(args: argparse.Namespace) -> Vllm | None:
+    """The vLLM a PATH's tree is read against (``--vllm`` checked here: bad
+    input stops the run before anything is read or written)."""
+    from gdn_backport.context import Vllm
+
+    given = getattr(args, "vllm", None)
+    if args.path is None:
+        if given is not None:
+            raise UsageError(f"{args.command}: --vllm goes with PATH (a plugin's tree)")
+        return None
+    return Vllm(given)
+
+
+def _inherited(tree: Tree, chosen: Sequence[registry.Patchset]) -> None:
+    """Notes on the vLLM's sites a plugin's classes run by inheritance."""
+    from gdn_backport.context import inherited_notes
+
+    inherited_notes(tree, chosen)
+
+
+def _vllm_lines(ctx: Vllm | None) -> tuple[list[str], dict[str, object]]:
+    """Which vLLM the facts came from: the human line, the JSON addition."""
+    doc = ctx.to_json() if ctx is not None else None
+    lines = ctx.lines() if ctx is not None else []
+    return lines, ({"vllm_context": doc} if doc is not None else {})
+
+
 def _format(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--format",
@@ -173,12 +213,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("scan", help="list GDN spec paths: affected / fixed / not_affected")
     _target(p)
+    _vllm_option(p)
     _kernels(p)
     _patchsets(p)
     _format(p)
 
     p = sub.add_parser("apply", help="rewrite affected sites in place, print the diff")
     _target(p, write=True)
+    _vllm_option(p)
     _kernels(p)
     _patchsets(p)
     _format(p)
@@ -452,12 +494,15 @@ def _cmd_scan(args: argparse.Namespace) -> int:
 
     fmt = _output_format(args)
     chosen = registry.selected(args.patchset)
+    ctx = _vllm(args)
     path, root = _scan_target(args)
     tree = Tree.of(path, root, args.kernels)
+    tree.vllm = ctx
     sites: list[Site] = []
     for ps in chosen:
         sites += ps.scan(tree)
     _check_single_file(path, sites, chosen)
+    _inherited(tree, chosen)
     left = [tree.relative(p) for p in tree.leftovers()]
     if fmt in ("sarif", "github"):
         _warn(_leftovers_warning(root, left))
@@ -472,10 +517,13 @@ def _cmd_scan(args: argparse.Namespace) -> int:
             "sites": [s.to_json() for s in sites],
             "vllm_version": version,
             "leftovers": left,
+            **_vllm_lines(ctx)[1],
         }
         print(json.dumps(doc, indent=2))
     else:
         _print_sites(root, sites, len(chosen) > 1, tree.notes)
+        for line in _vllm_lines(ctx)[0]:
+            print(line)
     _warn(_leftovers_warning(root, left))
     bad = {s.status.value for s in sites}
     return 2 if "unknown" in bad else 1 if "affected" in bad else 0
@@ -580,8 +628,9 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     fmt = _output_format(args)
     if fmt in ("sarif", "github") and mode is Mode.WRITE:
         raise UsageError(f"apply: --format {fmt} goes with --check or --dry-run")
+    ctx = _vllm(args)
     if args.commit or args.format_patch:
-        return _apply_git(args, mode)
+        return _apply_git(args, mode, ctx)
     if args.branch or args.allow_dirty:
         raise UsageError("apply: --branch and --allow-dirty go with --commit")
     chosen = registry.selected(args.patchset)
@@ -597,9 +646,15 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     else:
         path = _tree(args, write=mode is Mode.WRITE)
         try:
-            results = pipeline.apply(path, chosen, args.strategy, mode, kernels=args.kernels)
+            results = pipeline.apply(
+                path, chosen, args.strategy, mode, kernels=args.kernels, vllm=ctx
+            )
             out = pipeline.merged(results, tree_root(path))
             _check_single_file(path, [c.site for c in out.changes], chosen)
+            if ctx is not None:
+                from gdn_backport.tree import Tree
+
+                _inherited(Tree.of(path, vllm=ctx), chosen)
         except UsageError:
             _drop_made_workdir(args)
             raise
@@ -608,7 +663,8 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         if fmt in ("sarif", "github"):
             return _ci_outcome(args, path, out, chosen, mode, fmt)
         # --dry-run previews: affected sites remaining is expected, not a failure.
-        code = _print_outcome(out, args.json, dry_run=mode is Mode.DRY_RUN)
+        lines, extra = _vllm_lines(ctx)
+        code = _print_outcome(out, args.json, extra, lines, dry_run=mode is Mode.DRY_RUN)
     return code
 
 
@@ -641,7 +697,7 @@ def _check_strategy(strategy: str, chosen: Sequence[registry.Patchset]) -> None:
         raise UsageError(f"apply: --strategy {strategy}: unknown (choose from {', '.join(known)})")
 
 
-def _apply_git(args: argparse.Namespace, mode: Mode) -> int:
+def _apply_git(args: argparse.Namespace, mode: Mode, ctx: Vllm | None = None) -> int:
     from gdn_backport import gitflow, sources
     from gdn_backport.pipeline import Mode
     from gdn_backport.tree import check_vllm_tree
@@ -664,14 +720,16 @@ def _apply_git(args: argparse.Namespace, mode: Mode) -> int:
         patch=args.format_patch,
         kernels=args.kernels,
         fixes=registry.selected(args.patchset),
+        vllm=ctx,
     )
+    lines, extra = _vllm_lines(ctx)
     # The version as it was before the commit (after it, git describe says 0.25.1-1-g...).
     # --format-patch alone leaves the tree as it was: affected, as intended.
     return _print_outcome(
         result.outcome,
         args.json,
-        {"git": result.to_json()},
-        result.lines(),
+        {"git": result.to_json(), **extra},
+        [*result.lines(), *lines],
         result.vllm_version,
         preview=not args.commit,
     )

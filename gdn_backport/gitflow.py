@@ -35,6 +35,7 @@ from pathlib import Path
 import git
 
 from gdn_backport import __version__, atomic, pipeline, registry
+from gdn_backport.context import Vllm
 from gdn_backport.errors import UsageError
 from gdn_backport.pipeline import Mode, Outcome
 from gdn_backport.registry import Patchset
@@ -96,6 +97,7 @@ def apply_git(
     patch: Path | None = None,
     kernels: Sequence[Path] = (),
     fixes: Sequence[Patchset] | None = None,
+    vllm: Vllm | None = None,
 ) -> GitResult:
     """Patch ``tree`` and commit the result on a new branch, one commit per
     patchset that changes something (each with its own ``Backport-Of``
@@ -146,7 +148,7 @@ def apply_git(
         mode = Mode.WRITE if commit else Mode.DRY_RUN
         try:
             results = pipeline.apply(
-                tree, chosen, strategy, mode, before_write=before_write, kernels=kernels
+                tree, chosen, strategy, mode, before_write=before_write, kernels=kernels, vllm=vllm
             )
         except UsageError as exc:
             raise UsageError(f"{exc}{undo()}") from exc

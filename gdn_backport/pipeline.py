@@ -30,6 +30,7 @@ from gdn_backport.site import Site, Status
 from gdn_backport.tree import Tree, relative, tree_root
 
 if TYPE_CHECKING:
+    from gdn_backport.context import Vllm
     from gdn_backport.registry import Patchset
 
 # A file a run will write: (the file, its path in the records: no link below
@@ -306,14 +307,17 @@ def apply(
     within: str | None = None,
     kernels: Sequence[Path] = (),
     before_write: BeforeWrite | None = None,
+    vllm: Vllm | None = None,
 ) -> Results:
     """Each patchset's outcome, in order: every one planned before anything
     is written; in WRITE mode a refusal of one means no file of any is
     changed. ``strategy``: where a patchset has it (e.g. ``kernel``), else
     the patchset's own. ``root``: the tree paths and records are relative to
     (``--installed``: site-packages); ``within``: the folder every record
-    must name (``vllm``); ``kernels``: a fork's kernel declarations."""
+    must name (``vllm``); ``kernels``: a fork's kernel declarations;
+    ``vllm``: the vLLM a plugin's tree is read against (never written)."""
     tree = Tree.of(path, root, kernels, within)
+    tree.vllm = vllm
     # A writing run holds the tree's lock from its first read to its last
     # write: a second run waits, then plans on what the first one left.
     lock: contextlib.AbstractContextManager[None] = (

@@ -16,10 +16,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gdn_backport import files
 from gdn_backport.atomic import STATE_DIR
 from gdn_backport.errors import UsageError
+
+if TYPE_CHECKING:
+    from gdn_backport.context import Vllm
 
 
 def tree_root(path: Path) -> Path:
@@ -80,12 +84,14 @@ class Tree:
     """One run's view of a tree: ``path`` (what PATH names) below ``root``
     (what paths and records are relative to); ``kernels``: ``--kernels``
     files; ``within``: the folder below ``root`` every record must name
-    (``vllm`` with ``--installed``)."""
+    (``vllm`` with ``--installed``); ``vllm``: the vLLM a plugin's tree is
+    read against for what it lacks (:mod:`gdn_backport.context`)."""
 
     root: Path
     path: Path
     kernels: tuple[Path, ...] = ()
     within: str | None = None
+    vllm: Vllm | None = None
     # Texts an earlier patchset of this run rewrote: later ones read these.
     overlay: dict[Path, str] = field(default_factory=dict)
     # What a patchset's scan looked at and accounted for without finding a
@@ -103,8 +109,9 @@ class Tree:
         root: Path | None = None,
         kernels: Sequence[Path] = (),
         within: str | None = None,
+        vllm: Vllm | None = None,
     ) -> Tree:
-        return cls(root or tree_root(path), path, tuple(kernels), within)
+        return cls(root or tree_root(path), path, tuple(kernels), within, vllm)
 
     def walk(self) -> files.Walk:
         """Every ``*.py`` below ``path`` (walked once per run)."""

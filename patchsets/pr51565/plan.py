@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
 from gdn_backport import files
@@ -27,7 +26,7 @@ from .analysis import Finding
 from .codemods.base import FindingCodemod, InTree, TreeFacts, facts_of
 from .codemods.segments import run_on_methods
 from .config import Config, load
-from .scan import _kind, _kind_of, _site, findings
+from .scan import _kind, _kind_of, _site, findings, vllm_findings
 from .scan import markers as markers
 from .scan import scan as scan
 from .scan import scan_sites as scan_sites
@@ -35,21 +34,121 @@ from .scan import scan_sites as scan_sites
 STRATEGY = "reclassify"
 
 
-def tree_facts(tree: Tree, root: Path, cfg: Config) -> TreeFacts | None:
-    """The fields of the tree's ``CommonAttentionMetadata`` and the parameters
-    of its split function, from their definitions; None if either is not
-    found (several definitions: what all of them offer)."""
+def _defining(tree: Tree, root: Path, cfg: Config) -> list[ast.Module]:
+    """The modules below ``root`` that define the metadata class or the
+    split function at their top (a sieve on the text first)."""
     cls_mark, fn_mark = b"class CommonAttentionMetadata", f"def {cfg.split}(".encode()
     walked = tree.walk() if root == tree.path else files.walk(root)
+    out = []
+    for file in walked.files:
+        with contextlib.suppress(OSError, UsageError):
+            data = tree.read(file)
+            if cls_mark in data or fn_mark in data:
+                out.append(tree.parse(file))
+    return out
 
-    def defining() -> Iterator[ast.Module]:
-        for file in walked.files:
-            with contextlib.suppress(OSError, UsageError):
-                data = tree.read(file)
-                if cls_mark in data or fn_mark in data:
-                    yield tree.parse(file)
 
-    return facts_of(defining(), cfg.split)
+def _defined(modules: list[ast.Module], cfg: Config) -> set[str]:
+    names = {"CommonAttentionMetadata", cfg.split}
+    return {
+        node.name
+        for module in modules
+        for node in module.body
+        if isinstance(node, ast.ClassDef | ast.FunctionDef) and node.name in names
+    }
+
+
+def tree_facts(tree: Tree, root: Path, cfg: Config) -> TreeFacts | None:
+    """The fields of ``CommonAttentionMetadata`` and the parameters of the
+    split function, from their definitions below ``root``; None if either
+    is not found (several definitions: what all of them offer). What the
+    tree lacks is read from the vLLM it runs on (``tree.vllm``: a plugin's
+    tree imports both from vLLM), with the same reading."""
+    modules = _defining(tree, root, cfg)
+    lacking = [n for n in ("CommonAttentionMetadata", cfg.split) if n not in _defined(modules, cfg)]
+    vtree = tree.vllm.tree(tree.root) if lacking and tree.vllm is not None else None
+    if vtree is not None:
+        assert tree.vllm is not None
+        extra = _defining(vtree, vtree.path, cfg)
+        for name in lacking:
+            if name in _defined(extra, cfg):
+                tree.vllm.used(name)
+        modules += extra
+    return facts_of(modules, cfg.split)
+
+
+def _no_facts(tree: Tree, cfg: Config, where: str) -> str:
+    """The refusal where no rule can be read: what is missing, from where,
+    and the option that supplies it."""
+    names = f"CommonAttentionMetadata and {cfg.split}"
+    ctx = tree.vllm
+    if ctx is not None and ctx.package(tree.root) is not None:
+        return (
+            f"{where}: no definition of {names} found in the tree nor in {ctx.where()}; "
+            "cannot tell which fields a rule may read (--vllm PATH: the vLLM this tree runs "
+            "on, a source tree or its vllm package folder)"
+        )
+    return (
+        f"{where}: no definition of {names} found in the tree; cannot tell which fields a "
+        "rule may read (a plugin's tree: pass --vllm PATH, the vLLM it runs on, a source "
+        "tree or its vllm package folder)"
+    )
+
+
+def _vllm_runners(tree: Tree) -> tuple[str, list[tuple[str, Finding]]] | None:
+    """The FULL decode routes of the vLLM a plugin's tree runs on, each as
+    (its path in that vLLM, the finding), with the vLLM's words; None when
+    there is no such vLLM."""
+    found = vllm_findings(tree)
+    if found is None:
+        return None
+    ctx, vtree = tree.vllm, tree.vllm.tree(tree.root) if tree.vllm is not None else None
+    assert ctx is not None and vtree is not None
+    routes = [
+        (relative(file, vtree.root), f)
+        for file, fs in found.items()
+        for f in fs
+        if f.kind != "builder"
+    ]
+    if routes:
+        ctx.used("the model runner")
+    return ctx.where(), routes
+
+
+def _runner_refusal(tree: Tree, scope: Path) -> str | None:
+    """Why a builder fix of a tree with no runner of its own is not whole,
+    or None: the runner that replays decode graphs for it is vLLM's, and a
+    fix is whole only when every FULL decode route there is guarded (the
+    vLLM is never written here: it is patched on its own)."""
+    base = (
+        f"no model runner with a FULL decode CUDA-graph route found in {scope}: "
+        "cannot prove the builder fix is whole (a runner replaying decode graphs for "
+        "a batch holding a new row would run on stale buffers)"
+    )
+    found = _vllm_runners(tree)
+    if found is None:
+        return (
+            f"{base}; apply to the tree holding vllm/v1/worker, or, for a plugin's tree, "
+            "pass --vllm PATH (the vLLM it runs on)"
+        )
+    where, routes = found
+    if not routes:
+        return f"{base} nor in {where}"
+    open_ = [(rel, f) for rel, f in routes if not f.guarded]
+    if not open_:
+        return None
+    rel, f = open_[0]
+    state = (
+        f"has a guard the analysis cannot vouch for ({f.reason})"
+        if f.status is Status.UNKNOWN
+        else "is open (a decode graph replayed for a batch holding a new row would run on "
+        "stale buffers)"
+    )
+    return (
+        f"the builder fix needs every FULL decode route of {where} guarded, and "
+        f"{rel}:{f.line} {f.function} {state}; apply pr51565 to that vLLM first "
+        "(gdn-backport apply --installed, or apply its tree), then to this one"
+    )
 
 
 def _here(path: Path, root: Path) -> str:
@@ -119,6 +218,11 @@ def plan(tree: Tree, strategy: str, mode: Mode) -> Plan:
         text = tree.text(file)
         # An earlier patchset of this run rewrote the file: this layer starts there.
         original = files.encode(file, text, disk) if file in tree.overlay else disk
+        builder = next((f for f in fs if f.kind == "builder"), None)
+        if facts is None and builder is not None:
+            where = f"{builder.function} (line {builder.line})"
+            out.refused.append((rel, _no_facts(tree, cfg, where)))
+            continue
         new = _rewrite(file, text, fs, facts, strategy)
         if isinstance(new, Failure):
             out.refuse(rel, new)
@@ -136,13 +240,9 @@ def plan(tree: Tree, strategy: str, mode: Mode) -> Plan:
         and any(f.kind == "builder" for fs in todo.values() for f in fs)
         and not any(f.kind != "builder" for fs in before.values() for f in fs)
     ):
-        why = (
-            f"no model runner with a FULL decode CUDA-graph route found in {scope}: "
-            "cannot prove the builder fix is whole (a runner replaying decode graphs for "
-            "a batch holding a new row would run on stale buffers); apply to the tree "
-            "holding vllm/v1/worker"
-        )
-        out.refused.append((_here(path, root), why))
+        whole = _runner_refusal(tree, scope)
+        if whole is not None:
+            out.refused.append((_here(path, root), whole))
     if not out.refused:
         _prove(tree, scope, texts, out, memo)
     conclude(out, mode, bool(staged))

@@ -109,9 +109,69 @@ def findings(
             memo[(file, text)] = found
         if found:
             per_file[file] = found
-    flat = settle([f for fs in per_file.values() for f in fs])
+    flat = [f for fs in per_file.values() for f in fs]
+    # A plugin's runner replays decode graphs for vLLM's builders too.
+    flat = settle(flat + _vllm_builders(tree, flat))[: len(flat)]
+    _half_fix_note(tree, flat)
     it = iter(flat)
     return {file: [next(it) for _ in fs] for file, fs in per_file.items()}
+
+
+def vllm_findings(tree: Tree) -> dict[Path, list[Finding]] | None:
+    """The sites of the vLLM a plugin's tree runs on (``tree.vllm``), made
+    once per run; None when there is none."""
+    ctx = tree.vllm
+    vtree = ctx.tree(tree.root) if ctx is not None else None
+    if vtree is None:
+        return None
+    assert ctx is not None
+    found = ctx.memo.get(ID)
+    if found is None:
+        found = ctx.memo[ID] = findings(vtree, vtree.path)
+    assert isinstance(found, dict)
+    return found
+
+
+def _half_fix_note(tree: Tree, flat: list[Finding]) -> None:
+    """A builder of the tree that calls a one-token row a prefill, served by
+    a runner of vLLM whose FULL decode route is open, is upstream's half
+    fix: that route is vLLM's site (its own scan reports it), said here so
+    that a plugin reading ``fixed`` is not taken for the whole fix."""
+    if tree.vllm is None or any(f.kind != "builder" for f in flat):
+        return
+    if not any(f.kind == "builder" and f.reclassifies for f in flat):
+        return
+    found = vllm_findings(tree)
+    vtree = tree.vllm.tree(tree.root)
+    open_ = [
+        (file, f)
+        for file, fs in (found or {}).items()
+        for f in fs
+        if f.kind != "builder" and not f.guarded
+    ]
+    if not open_ or vtree is None:
+        return
+    tree.vllm.used("the model runner")
+    file, f = open_[0]
+    tree.vllm.note(
+        f"note: {ID}: this tree's builder calls a new one-token row a prefill, and "
+        f"{vtree.relative(file)}:{f.line} {f.function} of that vLLM replays the FULL decode "
+        "graph for it on stale buffers (a half fix): apply pr51565 to that vLLM too"
+    )
+
+
+def _vllm_builders(tree: Tree, flat: list[Finding]) -> list[Finding]:
+    """vLLM's builders, where the tree has a runner route left open: its
+    verdict depends on every builder the runner serves, and a plugin's
+    tree holds few or none of them."""
+    if tree.vllm is None or not any(f.kind != "builder" and not f.guarded for f in flat):
+        return []
+    found = vllm_findings(tree)
+    builders = [f for fs in (found or {}).values() for f in fs if f.kind == "builder"]
+    if builders:
+        assert tree.vllm is not None
+        tree.vllm.used("the metadata builders")
+    return builders
 
 
 def _analysed(file: Path, text: str, cfg: Config) -> list[Finding]:
@@ -173,6 +233,9 @@ def scan(tree: Tree) -> list[Site]:
 
 def _scan_key(tree: Tree) -> str | None:
     if not cache.enabled():
+        return None
+    if tree.vllm is not None and tree.vllm.package(tree.root) is not None:
+        # Read against a vLLM: its modules' analyses are cached, this is not.
         return None
     try:
         overlay = sorted(
