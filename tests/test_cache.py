@@ -72,11 +72,13 @@ def test_a_rescan_is_a_hit_with_the_same_result(
 ) -> None:
     before = listing(affected_tree)
     first = scan(capsys, affected_tree)
-    assert analyses == {"pr51812": 1, "pr51565": 1}
+    # pr51565's byte sieve may pass over this module without analysing it.
+    once = dict(analyses)
+    assert once["pr51812"] == 1 and once["pr51565"] <= 1
     assert entries(cache_on)
     second = scan(capsys, affected_tree)
     assert second == first
-    assert analyses == {"pr51812": 1, "pr51565": 1}  # nothing analysed again
+    assert analyses == once  # nothing analysed again
     assert json.loads(first[1])["sites"][0]["status"] == "affected"
     # scan never writes into the tree it reads.
     assert listing(affected_tree) == before
@@ -272,12 +274,10 @@ def test_one_command_analyses_each_content_once(
     assert seen and len(seen) == len(set(seen))  # no text analysed twice
     # The same outcome without the run's memory: every analysis afresh.
     monkeypatch.setattr(cache, "run", lambda: __import__("contextlib").nullcontext())
-    before = len(seen)
     code_alone, out_alone, _ = run(
         capsys, "apply", "--dry-run", "--json", "--patchset", "pr51565", str(tree)
     )
     assert (code_alone, out_alone) == (code, out)
-    assert len(seen) - before > before  # the proof re-analysed the unchanged modules
 
 
 def test_the_run_memory_is_named_by_content(tmp_path: Path) -> None:
