@@ -100,15 +100,20 @@ def test_plugin_and_unpatched_need_no_copy(tmp_path: Path) -> None:
 
 def test_steps_resume_in_priority_order(tmp_path: Path) -> None:
     names = [s.name for s in bench.STEPS]
-    assert names[:2] == ["s1-pr51812", "s2-pr51565-graphs"] and names[-4:] == [
+    assert names[:2] == ["s1-pr51812", "s2-pr51565-graphs"] and names[-5:] == [
         "s7-throughput",
         "s8-doctor",
         "s9-kernel-cost",
         "s10-kernel-cost-piecewise",
+        "s11-kernel-cost-rounds",
     ]
     assert bench.STEPS[0].variants == ("unpatched", "gather")
     (tmp_path / "s1-pr51812.json").write_text("{}")
     assert [s.name for s in bench.pending(bench.STEPS, tmp_path)] == names[1:]
+    # --only (ENGINE_STEPS): a call runs the selected steps and is done with them.
+    (tmp_path / "s8-doctor.json").write_text("{}")
+    args = ["--results", str(tmp_path), "--only", "s8-doctor", "--deadline", "0"]
+    assert bench.main(args) == 0
 
 
 def _result(scenario: str, variant: str, result: str, mean: float) -> dict[str, object]:
