@@ -496,14 +496,14 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     chosen = registry.selected(args.patchset)
     ctx = _vllm(args)
     path, root = _scan_target(args)
-    tree = Tree.of(path, root, args.kernels)
-    tree.vllm = ctx
+    tree = Tree.of(path, root, args.kernels, vllm=ctx)
     sites: list[Site] = []
     for ps in chosen:
         sites += ps.scan(tree)
     _check_single_file(path, sites, chosen)
     _inherited(tree, chosen)
     left = [tree.relative(p) for p in tree.leftovers()]
+    lines, extra = _vllm_lines(ctx)
     if fmt in ("sarif", "github"):
         _warn(_leftovers_warning(root, left))
         statuses = {s.status.value for s in sites}
@@ -517,12 +517,12 @@ def _cmd_scan(args: argparse.Namespace) -> int:
             "sites": [s.to_json() for s in sites],
             "vllm_version": version,
             "leftovers": left,
-            **_vllm_lines(ctx)[1],
+            **extra,
         }
         print(json.dumps(doc, indent=2))
     else:
         _print_sites(root, sites, len(chosen) > 1, tree.notes)
-        for line in _vllm_lines(ctx)[0]:
+        for line in lines:
             print(line)
     _warn(_leftovers_warning(root, left))
     bad = {s.status.value for s in sites}

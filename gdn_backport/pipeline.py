@@ -316,8 +316,7 @@ def apply(
     (``--installed``: site-packages); ``within``: the folder every record
     must name (``vllm``); ``kernels``: a fork's kernel declarations;
     ``vllm``: the vLLM a plugin's tree is read against (never written)."""
-    tree = Tree.of(path, root, kernels, within)
-    tree.vllm = vllm
+    tree = Tree.of(path, root, kernels, within, vllm)
     # A writing run holds the tree's lock from its first read to its last
     # write: a second run waits, then plans on what the first one left.
     lock: contextlib.AbstractContextManager[None] = (

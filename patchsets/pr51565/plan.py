@@ -14,7 +14,7 @@ import ast
 import contextlib
 from pathlib import Path
 
-from gdn_backport import files
+from gdn_backport import cache, files
 from gdn_backport.errors import Refusal, UsageError
 from gdn_backport.pipeline import Mode, Outcome, Plan, SiteChange, Staged, conclude, unified_diff
 from gdn_backport.result import Failure, Success
@@ -156,6 +156,13 @@ def _here(path: Path, root: Path) -> str:
 
 
 def plan(tree: Tree, strategy: str, mode: Mode) -> Plan:
+    # One command's analyses (cache.run, entered here too for a caller that
+    # plans alone): the proof re-analyses only the modules it rewrote.
+    with cache.run():
+        return _plan(tree, strategy, mode)
+
+
+def _plan(tree: Tree, strategy: str, mode: Mode) -> Plan:
     if strategy != STRATEGY:
         raise UsageError(f"--strategy {strategy}: patchset {ID} has only {STRATEGY}")
     path, root = tree.path, tree.root
@@ -163,9 +170,7 @@ def plan(tree: Tree, strategy: str, mode: Mode) -> Plan:
     out = Outcome(root)
     # A folder is analysed whole; one file, with the folder it is in (its tree).
     scope = path if path.is_dir() else root
-    # One run's analyses: the proof re-analyses only the modules it rewrote.
-    memo: dict[tuple[Path, str], list[Finding]] = {}
-    before = findings(tree, scope, memo=memo)
+    before = findings(tree, scope)
     below = path.resolve()
 
     def shown(file: Path) -> bool:
@@ -244,7 +249,7 @@ def plan(tree: Tree, strategy: str, mode: Mode) -> Plan:
         if whole is not None:
             out.refused.append((_here(path, root), whole))
     if not out.refused:
-        _prove(tree, scope, texts, out, memo)
+        _prove(tree, scope, texts, out)
     conclude(out, mode, bool(staged))
     if out.refused:
         return Plan(out, strategy=strategy)
@@ -277,7 +282,6 @@ def _prove(
     scope: Path,
     texts: dict[Path, str],
     out: Outcome,
-    memo: dict[tuple[Path, str], list[Finding]] | None = None,
 ) -> None:
     """Every rewrite compiles, and the tree analysed again with all of them
     in place has no site left affected or unknown."""
@@ -289,7 +293,7 @@ def _prove(
             out.refused.append((relative(file, root), f"the rewrite does not compile: {exc}"))
     if out.refused:
         return
-    after = findings(tree, scope, texts, memo)
+    after = findings(tree, scope, texts)
     by_key = {
         (relative(file, root), f.function, f.kind): f for file, fs in after.items() for f in fs
     }

@@ -92,21 +92,17 @@ def findings(
     tree: Tree,
     scope: Path | None = None,
     rewrites: dict[Path, str] | None = None,
-    memo: dict[tuple[Path, str], list[Finding]] | None = None,
 ) -> dict[Path, list[Finding]]:
     """Every site below ``scope`` (default ``tree.path``), runner verdicts
-    settled over them all; ``rewrites``: texts to judge instead (a proof);
-    ``memo``: the modules one run analysed already (a proof re-analyses only
-    what it rewrote; the findings of a module depend on its text alone)."""
+    settled over them all; ``rewrites``: texts to judge instead (a proof).
+    A module's findings depend on its text alone: within one command
+    (``cache.run``) a text is analysed once."""
     cfg = load()
     texts = _texts(tree, scope or tree.path)
     texts.update({f: t for f, t in (rewrites or {}).items() if f in texts})
     per_file: dict[Path, list[Finding]] = {}
     for file, text in texts.items():
-        known = None if memo is None else memo.get((file, text))
-        found = _analysed(file, text, cfg) if known is None else known
-        if memo is not None:
-            memo[(file, text)] = found
+        found = _analysed(file, text, cfg)
         if found:
             per_file[file] = found
     flat = [f for fs in per_file.values() for f in fs]
