@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import contextlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gdn_backport import cache, files
 from gdn_backport.errors import Refusal, UsageError
@@ -23,13 +24,16 @@ from gdn_backport.tree import Tree, relative
 
 from . import ID, PATCHSET
 from .analysis import Finding
-from .codemods.base import FindingCodemod, InTree, TreeFacts, facts_of
-from .codemods.segments import run_on_methods
 from .config import Config, load
 from .scan import _kind, _kind_of, _site, findings, vllm_findings
 from .scan import markers as markers
 from .scan import scan as scan
 from .scan import scan_sites as scan_sites
+
+if TYPE_CHECKING:
+    # libcst's codemod framework costs a cold run 0.2-0.3 s to import: only
+    # a run that rewrites a file pays it (``tree_facts``, ``_rewrite``).
+    from .codemods.base import TreeFacts
 
 STRATEGY = "reclassify"
 
@@ -64,6 +68,8 @@ def tree_facts(tree: Tree, root: Path, cfg: Config) -> TreeFacts | None:
     is not found (several definitions: what all of them offer). What the
     tree lacks is read from the vLLM it runs on (``tree.vllm``: a plugin's
     tree imports both from vLLM), with the same reading."""
+    from .codemods.base import facts_of
+
     modules = _defining(tree, root, cfg)
     lacking = [n for n in ("CommonAttentionMetadata", cfg.split) if n not in _defined(modules, cfg)]
     vtree = tree.vllm.tree(tree.root) if lacking and tree.vllm is not None else None
@@ -262,6 +268,9 @@ def _rewrite(
     """``text`` with every site of ``sites`` fixed, each codemod of the
     strategy in turn fixing its own kind; the first refusal otherwise.
     libcst reads only the methods a codemod rewrites (:mod:`.codemods.segments`)."""
+    from .codemods.base import FindingCodemod, InTree
+    from .codemods.segments import run_on_methods
+
     for codemod in PATCHSET.codemods()[strategy]:
         assert issubclass(codemod, FindingCodemod), codemod
         mine = tuple(f for f in sites if f.kind == codemod.KIND)

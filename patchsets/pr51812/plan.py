@@ -14,8 +14,7 @@ import importlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
-
-import libcst as cst
+from typing import TYPE_CHECKING
 
 from gdn_backport import files
 from gdn_backport.errors import Refusal, UsageError
@@ -25,10 +24,14 @@ from gdn_backport.site import Site, Status
 from gdn_backport.tree import Tree, relative
 
 from .analysis import Walk
-from .codemods.base import Key, Rewrite, SiteCodemod
 from .config import Patchset, for_tree
 from .scan import TreeScan, scan_tree_full, sites_of
-from .sites import TreeAnalysis
+from .sites import Key, TreeAnalysis
+
+if TYPE_CHECKING:
+    # libcst's codemod framework costs a cold run 0.2-0.3 s to import: only
+    # a run that rewrites a file pays it (``_stage``).
+    from .codemods.base import Rewrite, SiteCodemod
 
 # A rewrite parses, regenerates and proves the whole module: about a minute
 # per MiB on one CPU core (5 MiB took 9 minutes). The largest file of any vLLM
@@ -142,6 +145,8 @@ def _stage(
     )
     # rewrite() is libcst's transform_module plus the sites it rewrote (the
     # proof needs them); attempt() reads its outcome as libcst's runner would.
+    import libcst as cst
+
     tried = attempt(lambda: codemod.rewrite(cst.parse_module(text)), type(codemod).__name__)
     if isinstance(tried, Failure):
         out.refuse(rel, tried)
