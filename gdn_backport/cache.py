@@ -191,6 +191,20 @@ def run() -> Iterator[None]:
         _memo.reset(token)
 
 
+def snapshot() -> dict[str, str]:
+    """This command's results so far (a child's, for :mod:`gdn_backport.ahead`)."""
+    return dict(_memo.get() or {})
+
+
+def remember_all(entries: dict[str, str]) -> None:
+    """Results another process of this command made: named by content, so
+    each is what this one would compute (names it holds are kept)."""
+    memo = _memo.get()
+    if memo is not None:
+        for name, doc in entries.items():
+            memo.setdefault(name, doc)
+
+
 def _remember(name: str, doc: object) -> None:
     memo = _memo.get()
     if memo is not None:

@@ -489,7 +489,7 @@ def _check_single_file(
 
 
 def _cmd_scan(args: argparse.Namespace) -> int:
-    from gdn_backport import vllm_version
+    from gdn_backport import pipeline, vllm_version
     from gdn_backport.tree import Tree
 
     fmt = _output_format(args)
@@ -497,9 +497,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     ctx = _vllm(args)
     path, root = _scan_target(args)
     tree = Tree.of(path, root, args.kernels, vllm=ctx)
-    sites: list[Site] = []
-    for ps in chosen:
-        sites += ps.scan(tree)
+    sites = pipeline.scan(tree, chosen)
     _check_single_file(path, sites, chosen)
     _inherited(tree, chosen)
     left = [tree.relative(p) for p in tree.leftovers()]
@@ -919,6 +917,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     own = argv is None
     if own:
         _tune_gc()
+        from gdn_backport import ahead
+
+        ahead.allow(True)
     try:
         return _main(argv, own)
     finally:

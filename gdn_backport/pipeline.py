@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gdn_backport import __version__, atomic, cache, files
+from gdn_backport import __version__, ahead, atomic, cache, files
 from gdn_backport.errors import UsageError
 from gdn_backport.records import Record, Records, sha256
 from gdn_backport.result import Failure, Success, attempt
@@ -324,11 +324,7 @@ def apply(
     )
     # Each proof analyses the tree again: only the rewritten texts anew.
     with lock, cache.run():
-        plans: list[tuple[Patchset, Plan]] = []
-        for ps in chosen:
-            plan = _plan(ps, tree, ps.strategy(strategy), mode)
-            plans.append((ps, plan))
-            tree.overlay.update(plan.texts)
+        plans = _plan_all(tree, chosen, strategy, mode)
         found = leftovers_of(tree)
         results: Results = [(ps, plan.outcome) for ps, plan in plans]
         refused = any(out.refused for _, out in results)
@@ -364,6 +360,88 @@ def apply(
             for _, out in results:
                 out.leftovers = [relative(p, tree.root) for p in found]
         return results
+
+
+def _plan_all(
+    tree: Tree, chosen: Sequence[Patchset], strategy: str | None, mode: Mode
+) -> list[tuple[Patchset, Plan]]:
+    """Each patchset's plan in turn, a later one reading what the earlier
+    ones rewrote (the overlay). The later ones plan in a child beside the
+    first (:mod:`gdn_backport.ahead`), on the tree as the run found it:
+    their plans are the run's where the first rewrote nothing; else they
+    plan again here, on its rewrites (what the child analysed of files
+    left as they were is kept: named by content, it is not analysed again)."""
+
+    def each(patchsets: Sequence[Patchset]) -> list[tuple[Plan, list[str]]]:
+        done = []
+        for ps in patchsets:
+            before = len(tree.notes)
+            plan = _plan(ps, tree, ps.strategy(strategy), mode)
+            tree.overlay.update(plan.texts)
+            done.append((plan, tree.notes[before:]))
+        return done
+
+    later = list(chosen[1:])
+    child = ahead.start(lambda: each(later)) if later and forkable(tree) else None
+    try:
+        first = each(chosen[:1])
+    except BaseException:
+        if child is not None:
+            child.drop()
+        raise
+    got = child.take() if child is not None else None
+    rest = got[0] if got is not None and _stands(tree, later) else None
+    if rest is None:
+        rest = each(later)
+    else:
+        for plan, notes in rest:
+            tree.overlay.update(plan.texts)
+            tree.notes += notes
+    return [(ps, plan) for ps, (plan, _) in zip(chosen, [*first, *rest], strict=True)]
+
+
+def _stands(tree: Tree, later: Sequence[Patchset]) -> bool:
+    """Plans made on the tree as the run found it are the run's: the first
+    patchset rewrote nothing, or nothing the later ones read."""
+    if not tree.overlay:
+        return True
+    try:
+        changed = {file: (tree.read(file), text) for file, text in tree.overlay.items()}
+    except UsageError:
+        return False
+    return all(ps.unaffected_by(changed) for ps in later)
+
+
+def forkable(tree: Tree) -> bool:
+    """A child's work on this tree can stand for the run's: no patchset
+    reads a vLLM beside it (what it read and noted of that vLLM is the
+    run's shared state, which a child's copy would not hand back)."""
+    return tree.vllm is None or tree.vllm.package(tree.root) is None
+
+
+def scan(tree: Tree, chosen: Sequence[Patchset]) -> list[Site]:
+    """Every chosen patchset's sites, in order; the later ones scan in a
+    child beside the first (:mod:`gdn_backport.ahead`): a scan reads the
+    tree alone, so theirs are the run's."""
+
+    def each(patchsets: Sequence[Patchset]) -> tuple[list[Site], list[str]]:
+        before = len(tree.notes)
+        sites = [s for ps in patchsets for s in ps.scan(tree)]
+        return sites, tree.notes[before:]
+
+    later = list(chosen[1:])
+    child = ahead.start(lambda: each(later)) if later and forkable(tree) else None
+    try:
+        sites = each(chosen[:1])[0]
+    except BaseException:
+        if child is not None:
+            child.drop()
+        raise
+    got = child.take() if child is not None else None
+    rest, notes = got[0] if got is not None else each(later)
+    if got is not None:
+        tree.notes += notes
+    return sites + rest
 
 
 def _plan(ps: Patchset, tree: Tree, strategy: str, mode: Mode) -> Plan:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -129,6 +129,13 @@ class Patchset:
         """Analyse, rewrite and prove the fix over ``tree`` (reading its
         overlay); nothing is written (:mod:`gdn_backport.pipeline` writes)."""
         raise NotImplementedError
+
+    def unaffected_by(self, changed: Mapping[Path, tuple[bytes, str]]) -> bool:
+        """This patchset's plan is the same whether each of ``changed`` holds
+        its bytes on disk or the new text (an earlier patchset's rewrite):
+        True only where that is certain (``pipeline`` then keeps a plan made
+        ahead, on the tree as the run found it). The default: not known."""
+        return False
 
     # -- proofs -------------------------------------------------------------
     def suite(self) -> Any:

@@ -6,6 +6,8 @@ unified_diff), over made-up patchsets that rewrite a word: no real analysis.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,10 +27,30 @@ REL = "vllm/m.py"
 class _Word:
     """A patchset that rewrites ``old`` to ``new`` in every file holding it."""
 
-    def __init__(self, pid: str, old: str, new: str, refuse: str = "", crash: bool = False):
+    def __init__(
+        self,
+        pid: str,
+        old: str,
+        new: str,
+        refuse: str = "",
+        crash: bool = False,
+        independent: bool = False,
+    ):
         self.info = SimpleNamespace(id=pid, upstream=f"o/r#{pid}")
         self.old, self.new, self.refuse, self.crash = old, new, refuse, crash
+        self.independent = independent  # says its plan ignores others' rewrites
         self.seen: list[str] = []
+
+    def unaffected_by(self, changed: dict[Path, tuple[bytes, str]]) -> bool:
+        return self.independent
+
+    def scan(self, tree: Tree) -> list[Site]:
+        tree.notes.append(f"{self.info.id} in {os.getpid()}")
+        return [
+            Site(tree.relative(f), 1, "f", Status.AFFECTED, "", patchset=self.info.id)
+            for f in tree.walk().files
+            if self.old in tree.text(f)
+        ]
 
     def strategy(self, asked: str | None) -> str:
         return asked or "word"
@@ -202,3 +224,74 @@ def test_merged_names_patchsets_only_when_several_spoke(tmp_path: Path) -> None:
     assert pipeline.merged([(ps("a"), quiet), (ps("b"), loud)], tmp_path).message == "patched"
     both = pipeline.merged([(ps("a"), loud), (ps("b"), loud)], tmp_path)
     assert both.message == "a: patched; b: patched" and len(both.changes) == 2
+
+
+# -- later patchsets ahead, in a forked child (gdn_backport.ahead) -----------
+
+ahead_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork: Linux only")
+
+
+@pytest.fixture
+def forking(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GDN_BACKPORT_JOBS", "2")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+
+
+@ahead_only
+def test_a_later_plan_made_ahead_is_the_runs_where_the_first_rewrote_nothing(
+    tmp_path: Path, forking: None
+) -> None:
+    root = _tree(tmp_path)
+    first, second = _Word("a", "absent", "x"), _Word("b", "old", "new")
+    results = pipeline.apply(root, [first, second])
+    assert (root / REL).read_text() == "x = 'new'\n"
+    assert [out.written for _, out in results] == [[], [REL]]
+    assert first.seen and not second.seen  # the second planned in the child
+
+
+@ahead_only
+def test_a_later_plan_made_ahead_is_made_again_on_the_first_ones_rewrite(
+    tmp_path: Path, forking: None
+) -> None:
+    root = _tree(tmp_path)
+    first, second = _Word("a", "old", "mid"), _Word("b", "mid", "new")
+    pipeline.apply(root, [first, second])
+    # The child saw 'old' (no site); the run's plan read the overlay.
+    assert (root / REL).read_text() == "x = 'new'\n"
+    assert "x = 'mid'\n" in second.seen and "x = 'old'\n" not in second.seen
+
+
+@ahead_only
+def test_a_later_patchset_sure_of_its_plan_keeps_the_one_made_ahead(
+    tmp_path: Path, forking: None
+) -> None:
+    """``unaffected_by``: a patchset that says the rewrite changes nothing of
+    its plan keeps the child's (here, wrongly: the proof that it is asked)."""
+    root = _tree(tmp_path)
+    first, second = _Word("a", "old", "mid"), _Word("b", "mid", "new", independent=True)
+    pipeline.apply(root, [first, second])
+    assert (root / REL).read_text() == "x = 'mid'\n" and not second.seen
+
+
+@ahead_only
+def test_a_scan_gives_each_patchsets_sites_and_notes_in_order(
+    tmp_path: Path, forking: None
+) -> None:
+    root = _tree(tmp_path)
+    tree = Tree.of(root)
+    sites = pipeline.scan(tree, [_Word("a", "old", "x"), _Word("b", "x =", "y")])
+    assert [s.patchset for s in sites] == ["a", "b"]
+    first, second = tree.notes
+    assert first == f"a in {os.getpid()}" and second.startswith("b in ")
+    assert second != f"b in {os.getpid()}"  # scanned in the child
+
+
+@ahead_only
+def test_a_first_patchset_that_fails_stops_the_child_and_raises(
+    tmp_path: Path, forking: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _tree(tmp_path)
+    bad = _Word("a", "old", "x")
+    monkeypatch.setattr(bad, "scan", lambda tree: (_ for _ in ()).throw(UsageError("bad input")))
+    with pytest.raises(UsageError, match="bad input"):
+        pipeline.scan(Tree.of(root), [bad, _Word("b", "old", "y")])

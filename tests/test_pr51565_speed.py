@@ -170,3 +170,35 @@ def test_the_v1_route_is_looked_for_only_in_methods_naming_the_call(
     assert wide != text
     found = analyse_module(ast.parse(wide), wide, load())
     assert [(f.function, f.status) for f in found] == [(f.function, f.status) for f in plain]
+
+
+@pytest.mark.parametrize(
+    ("disk", "rewritten", "unaffected"),
+    [
+        # A GDN layer another patchset rewrote: neither text is read.
+        ("def f(a):\n    return a\n", "def f(a):\n    return a[idx]\n", True),
+        # The rewrite names what the plan reads: a builder's split and field.
+        (
+            "def f(a):\n    return a\n",
+            OTHER_BACKEND.replace("num_decodes=nd", "non_spec_state_indices_tensor=nd"),
+            False,
+        ),
+        # Read as it is on disk (the plan made ahead saw it).
+        (
+            OTHER_BACKEND.replace("num_decodes=nd", "non_spec_state_indices_tensor=nd"),
+            "def f(a):\n    return a\n",
+            False,
+        ),
+        # The facts' definitions (tree_facts reads them).
+        ("def f(a):\n    return a\n", "class CommonAttentionMetadata:\n    x: int\n", False),
+    ],
+)
+def test_a_plan_is_unaffected_only_by_files_its_sieves_reject_both_ways(
+    tmp_path: Path, disk: str, rewritten: str, unaffected: bool
+) -> None:
+    """``pipeline`` keeps pr51565's plan made ahead (on the tree as the run
+    found it) only where an earlier patchset's rewrite cannot change it."""
+    from gdn_backport.patchsets.pr51565.plan import unaffected_by
+
+    file = tmp_path / "m.py"
+    assert unaffected_by({file: (disk.encode(), rewritten)}) is unaffected

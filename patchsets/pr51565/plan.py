@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +27,7 @@ from gdn_backport.tree import Tree, relative
 from . import ID, PATCHSET
 from .analysis import Finding
 from .config import Config, load
-from .scan import _kind, _kind_of, _site, findings, vllm_findings
+from .scan import _kind, _kind_of, _site, findings, sieve, vllm_findings
 from .scan import markers as markers
 from .scan import scan as scan
 from .scan import scan_sites as scan_sites
@@ -38,18 +40,39 @@ if TYPE_CHECKING:
 STRATEGY = "reclassify"
 
 
+def _may_define_facts(data: bytes, cfg: Config) -> bool:
+    return b"class CommonAttentionMetadata" in data or f"def {cfg.split}(".encode() in data
+
+
 def _defining(tree: Tree, root: Path, cfg: Config) -> list[ast.Module]:
     """The modules below ``root`` that define the metadata class or the
     split function at their top (a sieve on the text first)."""
-    cls_mark, fn_mark = b"class CommonAttentionMetadata", f"def {cfg.split}(".encode()
     walked = tree.walk() if root == tree.path else files.walk(root)
     out = []
     for file in walked.files:
         with contextlib.suppress(OSError, UsageError):
-            data = tree.read(file)
-            if cls_mark in data or fn_mark in data:
+            if _may_define_facts(tree.read(file), cfg):
                 out.append(tree.parse(file))
     return out
+
+
+def unaffected_by(changed: Mapping[Path, tuple[bytes, str]]) -> bool:
+    """The plan reads a module only through its two sieves (``scan.sieve``:
+    may it hold a site; :func:`_may_define_facts`): a file that fails both,
+    as it is on disk and as rewritten, changes nothing of it (its analysis
+    of such a text finds nothing: the sieve's promise)."""
+    cfg = load()
+    may_hold = sieve(cfg)
+    for file, (disk, text) in changed.items():
+        new = text.encode("utf-8", "surrogatepass")
+        readings = (
+            (disk, functools.partial(files.decode, file, disk)),
+            (new, functools.partial(str, text)),
+        )
+        for data, decoded in readings:
+            if may_hold(data, decoded) or _may_define_facts(data, cfg):
+                return False
+    return True
 
 
 def _defined(modules: list[ast.Module], cfg: Config) -> set[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,11 @@ class Pr51565(Patchset):
         from .plan import plan
 
         return plan(tree, strategy, mode)
+
+    def unaffected_by(self, changed: Mapping[Path, tuple[bytes, str]]) -> bool:
+        from .plan import unaffected_by
+
+        return unaffected_by(changed)
 
     def suite(self) -> Any:
         from .suite import BUILDER_SUITE

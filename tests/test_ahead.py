@@ -1,0 +1,80 @@
+"""ahead.py: work run in a forked child, its value and analyses handed back."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from gdn_backport import ahead, cache
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork: Linux only")
+
+
+@pytest.fixture(autouse=True)
+def _forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GDN_BACKPORT_JOBS", "2")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+
+
+def test_the_value_comes_from_another_process_with_what_it_printed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def work() -> tuple[int, list[str]]:
+        print("from the child")
+        return os.getpid(), ["a", "b"]
+
+    child = ahead.start(work)
+    assert child is not None
+    got = child.take()
+    assert got is not None
+    pid, value = got[0]
+    assert pid != os.getpid() and value == ["a", "b"]
+    assert capsys.readouterr().out == "from the child\n"
+
+
+def test_the_childs_analyses_join_this_commands_memory() -> None:
+    name = cache.key("test.ahead", "content")
+    with cache.run():
+        child = ahead.start(lambda: cache.cached(name, lambda: 41 + 1, lambda v: v, int))
+        assert child is not None and child.take() == (42,)
+        # Read back from memory: the compute here would give another answer.
+        assert cache.cached(name, lambda: -1, lambda v: v, int) == 42
+
+
+@pytest.mark.parametrize(
+    "work",
+    [
+        lambda: 1 / 0,  # raised: the caller runs it itself, with its traceback
+        lambda: lambda: None,  # a value that does not pickle
+        lambda: os._exit(3),  # died without a word
+    ],
+)
+def test_a_child_that_gives_nothing_usable_is_no_result(work: object) -> None:
+    child = ahead.start(work)  # type: ignore[arg-type]
+    assert child is not None
+    assert child.take() is None
+
+
+def test_drop_stops_the_child() -> None:
+    child = ahead.start(lambda: __import__("time").sleep(60))
+    assert child is not None
+    pid = child._pid
+    child.drop()
+    assert pid is not None
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def test_no_fork_when_turned_off_or_not_the_process_own_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GDN_BACKPORT_JOBS", "1")
+    assert ahead.start(lambda: 1) is None
+    monkeypatch.delenv("GDN_BACKPORT_JOBS")
+    ahead.allow(False)
+    assert ahead.start(lambda: 1) is None  # a caller's process (threads)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setenv("GDN_BACKPORT_JOBS", "2")
+    assert ahead.start(lambda: 1) is None  # one CPU: nothing to gain
