@@ -7,14 +7,19 @@ tree (merely reading it). The page cache is warm for all (one untimed run
 first). Rows:
 
 - ``--help``;
-- ``scan`` cold (``GDN_BACKPORT_NO_CACHE=1``: every file analysed);
+- ``scan`` cold (``GDN_BACKPORT_NO_CACHE=1``: every file analysed), beside
+  the same in one process (``GDN_BACKPORT_JOBS=1``: the later patchset not
+  run ahead in a child, :mod:`gdn_backport.ahead`), the two interleaved run
+  by run (the machine's speed drifts);
 - ``scan`` again with the analysis cache (an unchanged tree: every entry a hit);
-- ``apply --dry-run`` cold; ``apply`` on a fresh copy of the tree, cold;
+- ``apply --dry-run`` cold (and in one process, interleaved); ``apply`` on
+  a fresh copy of the tree, cold;
 - ``scan`` of a tree holding one huge module (``--huge-mb``, default 10)
   that names a spec field (issue 24 D14): time and memory must be linear.
 
-Also prints the load average: the figures are wall-clock times of a
-machine that may be shared.
+Also prints the load average and a pure-Python loop's time: the figures
+are wall-clock times of a machine that may be shared, whose speed drifts
+(session 11 saw the same cold scan take 1.3 s and 2.0 s within an hour).
 
     python bench/bench_scan.py                      # 0.25.1 0.27.1 0.33.0
     python bench/bench_scan.py --release 0.27.1 --repeat 9 --out bench/results/x.txt
@@ -73,6 +78,30 @@ def measure(
     return times, peak
 
 
+def interleaved(
+    runs: list[tuple[list[str], dict[str, str]]], repeat: int
+) -> list[tuple[list[float], float]]:
+    """Each run ``repeat`` times, taking turns (one untimed round first)."""
+    for argv, env in runs:
+        cold(argv, env)
+    out: list[tuple[list[float], float]] = [([], 0.0) for _ in runs]
+    for _ in range(repeat):
+        for i, (argv, env) in enumerate(runs):
+            wall, rss = cold(argv, env)
+            out[i][0].append(wall)
+            out[i] = (out[i][0], max(out[i][1], rss))
+    return out
+
+
+def loop_time() -> float:
+    """A fixed pure-Python loop (10**7 additions): the machine's speed now."""
+    t0 = time.perf_counter()
+    x = 0
+    for i in range(10**7):
+        x += i
+    return time.perf_counter() - t0
+
+
 def grep_time(tree: Path, repeat: int) -> float:
     argv = ["grep", "-rl", "_forward_core", str(tree)]
     return statistics.median(measure(argv, dict(os.environ), repeat)[0])
@@ -120,11 +149,16 @@ def bench(version: str, repeat: int, py: list[str]) -> list[tuple[str, ...]]:
     with tempfile.TemporaryDirectory() as tmp:
         cached = {**base, "GDN_BACKPORT_CACHE": str(Path(tmp) / "cache")}
         cached.pop("GDN_BACKPORT_NO_CACHE", None)
+        one = {**nocache, "GDN_BACKPORT_JOBS": "1"}
         scan = [*py, "scan", str(tree)]
-        rows.append(row("scan (cold, no cache)", name, *measure(scan, nocache, repeat), floor))
+        forked, alone = interleaved([(scan, nocache), (scan, one)], repeat)
+        rows.append(row("scan (cold, no cache)", name, *forked, floor))
+        rows.append(row("  the same, one process", name, *alone, floor))
         rows.append(row("scan (rescan, cache hit)", name, *measure(scan, cached, repeat), floor))
         dry = [*py, "apply", "--dry-run", str(tree)]
-        rows.append(row("apply --dry-run (cold)", name, *measure(dry, nocache, repeat), floor))
+        forked, alone = interleaved([(dry, nocache), (dry, one)], repeat)
+        rows.append(row("apply --dry-run (cold)", name, *forked, floor))
+        rows.append(row("  the same, one process", name, *alone, floor))
         work = Path(tmp) / "tree"
 
         def fresh() -> None:
@@ -164,7 +198,7 @@ def main() -> None:
     text = (
         f"# bench/bench_scan.py --repeat {args.repeat}; {when}; "
         f"{os.cpu_count()} CPUs; load {os.getloadavg()[0]:.1f}; Python {sys.version.split()[0]}; "
-        f"bytecode cache {bytecode}\n" + table(HEAD, rows)
+        f"bytecode cache {bytecode}; a 10**7 Python loop {loop_time():.2f} s\n" + table(HEAD, rows)
     )
     print(text)
     if args.out:
