@@ -42,6 +42,16 @@ class Row:
     patchset: str = ""
 
 
+def _named(rows: list[Row]) -> list[str]:
+    """Each row's method, with its module where another row has the same
+    name (vLLM's V1 and V2 runners both define
+    ``GPUModelRunner.execute_model``)."""
+    count: dict[str, int] = {}
+    for r in rows:
+        count[r.method] = count.get(r.method, 0) + 1
+    return [f"{r.method} ({r.module})" if count[r.method] > 1 else r.method for r in rows]
+
+
 @dataclass
 class Report:
     vllm: str = ""  # version and where it is
@@ -69,17 +79,17 @@ class Report:
                 if not mine:
                     continue
                 names = ", ".join(
-                    r.method + ("" if r.in_effect else " (on disk; not importable here)")
-                    for r in mine
+                    name + ("" if r.in_effect else " (on disk; not importable here)")
+                    for r, name in zip(mine, _named(mine), strict=True)
                 )
                 parts.append(
                     f"{names} has the vLLM #{ps.info.number} bug (fix: {ps.doctor_hint()})"
                 )
             return "AFFECTED: " + "; ".join(parts)
-        unknown = [r.method for r in self.rows if r.status == Status.UNKNOWN.value]
+        unknown = _named([r for r in self.rows if r.status == Status.UNKNOWN.value])
         if unknown:
             return f"UNKNOWN: {', '.join(unknown)} cannot be analysed; check it by hand"
-        ours = [r.method for r in self.rows if r.runtime_patch]
+        ours = _named([r for r in self.rows if r.runtime_patch])
         if ours:
             return f"ok: fixed in memory by the gdn-backport plugin ({', '.join(ours)})"
         return "ok: no affected GDN method is in effect"

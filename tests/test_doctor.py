@@ -163,3 +163,23 @@ def test_pr51565_rows_come_from_the_files(
     assert report.exit_code == 0
     report = doctor.Report(rows=[by["GDNAttentionMetadataBuilder.build"]])
     assert report.exit_code == 1 and "vLLM #51565" in report.verdict
+
+
+def test_a_verdict_tells_apart_methods_of_one_name_by_their_module() -> None:
+    """vLLM's V1 and V2 runners both define ``GPUModelRunner.execute_model``:
+    the verdict names each one's module (it named the method twice)."""
+    from gdn_backport import doctor
+
+    def row(module: str, status: str, method: str = "GPUModelRunner.execute_model") -> Any:
+        path = "vllm/" + module.removeprefix("vllm.").replace(".", "/") + ".py"
+        return doctor.Row(method, module, path, path, status, "", False, "", patchset="pr51565")
+
+    v1, v2 = "vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner"
+    for status, head in (("affected", "AFFECTED: "), ("unknown", "UNKNOWN: ")):
+        rows = [row(v1, status), row(v2, status), row("vllm.b", status, "Builder.build")]
+        verdict = doctor.Report(rows=rows).verdict
+        assert verdict.startswith(head)
+        assert f"GPUModelRunner.execute_model ({v1}), GPUModelRunner.execute_model ({v2})" in (
+            verdict
+        )
+        assert "Builder.build" in verdict and "Builder.build (" not in verdict
