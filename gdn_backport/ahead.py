@@ -13,9 +13,12 @@ always is; a plan only when the patchsets before it rewrote nothing). A
 child that fails in any way (it died, its value does not pickle) is no
 result: the caller then computes the value itself, as without a child.
 
-Only a process running its own command forks (``cli.main``: a caller's
-process may hold threads, which a fork does not copy); ``GDN_BACKPORT_JOBS=1``
-turns it off, ``GDN_BACKPORT_JOBS=2`` forces it on (the tests).
+Only a process running its own ``scan``, ``apply`` or ``revert`` forks
+(``cli.main``: a caller's process, or ``verify`` running models, may hold
+threads, which a fork does not copy), and never beside a second Python
+thread; ``GDN_BACKPORT_JOBS=1`` turns it off, ``GDN_BACKPORT_JOBS=2``
+forces it on (the tests: pytest-xdist's workers hold a thread that the
+child never touches).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -46,6 +50,8 @@ def wanted() -> bool:
     if jobs == "1" or (jobs == "" and not _state["own"]):
         return False
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        return False
+    if jobs == "" and threading.active_count() > 1:  # a fork copies one of them
         return False
     try:
         return len(os.sched_getaffinity(0)) > 1

@@ -917,9 +917,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     own = argv is None
     if own:
         _tune_gc()
-        from gdn_backport import ahead
-
-        ahead.allow(True)
     try:
         return _main(argv, own)
     finally:
@@ -935,7 +932,12 @@ def _main(argv: Sequence[str] | None, own: bool) -> int:
         if own and args.command in _NO_GC:
             import gc
 
+            from gdn_backport import ahead
+
             gc.disable()
+            # A command that reads a tree and ends may fork (verify and
+            # matrix run models: their threads are not the fork's to copy).
+            ahead.allow(True)
         from gdn_backport import cache
 
         with cache.run():  # one command: each content analysed once

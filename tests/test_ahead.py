@@ -78,3 +78,18 @@ def test_no_fork_when_turned_off_or_not_the_process_own_command(
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     monkeypatch.setenv("GDN_BACKPORT_JOBS", "2")
     assert ahead.start(lambda: 1) is None  # one CPU: nothing to gain
+
+
+def test_no_fork_beside_another_thread_unless_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    monkeypatch.delenv("GDN_BACKPORT_JOBS")
+    ahead.allow(True)
+    monkeypatch.setattr(threading, "active_count", lambda: 2)
+    try:
+        assert ahead.start(lambda: 1) is None
+        monkeypatch.setenv("GDN_BACKPORT_JOBS", "2")
+        child = ahead.start(lambda: 1)
+        assert child is not None and child.take() == (1,)
+    finally:
+        ahead.allow(False)
