@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import pytest
 
@@ -93,3 +94,33 @@ def test_no_fork_beside_another_thread_unless_forced(monkeypatch: pytest.MonkeyP
         assert child is not None and child.take() == (1,)
     finally:
         ahead.allow(False)
+
+
+@pytest.mark.parametrize(
+    ("version", "command"),
+    [
+        ("0.25.1", "scan"),  # both patchsets affected
+        ("0.25.1", "apply"),  # both rewrite: pr51565 keeps its plan made ahead
+        ("0.33.0", "apply"),  # pr51812 rewrites nothing
+        ("0.19.1", "apply"),  # pr51565 refuses
+    ],
+)
+def test_a_release_reads_the_same_with_and_without_the_child(
+    release: Any, version: str, command: str
+) -> None:
+    """The CLI's own process, with and without the later patchset ahead:
+    the same document, the same stderr, the same exit code."""
+    import subprocess
+
+    argv = [command, "--json", str(release(version))]
+    if command == "apply":
+        argv.insert(1, "--dry-run")
+    seen = []
+    for jobs in ("1", "2"):
+        env = {**os.environ, "GDN_BACKPORT_NO_CACHE": "1", "GDN_BACKPORT_JOBS": jobs}
+        done = subprocess.run(
+            [sys.executable, "-m", "gdn_backport", *argv], capture_output=True, env=env
+        )
+        seen.append((done.returncode, done.stdout, done.stderr))
+    assert seen[0] == seen[1]
+    assert seen[0][1].startswith(b"{")
