@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 _state = {"own": False}
 
@@ -146,3 +147,17 @@ def start(fn: Callable[[], T]) -> Ahead[T] | None:
             fh.write(data)
     finally:
         os._exit(0)
+
+
+def beside(first: Callable[[], U], later: Callable[[], T] | None) -> tuple[U, tuple[T] | None]:
+    """``first()`` here while ``later()`` runs in a child (None: no later
+    work): the first's value and :meth:`Ahead.take`'s. The child is stopped
+    where ``first`` raises."""
+    child = start(later) if later is not None else None
+    try:
+        done = first()
+    except BaseException:
+        if child is not None:
+            child.drop()
+        raise
+    return done, child.take() if child is not None else None

@@ -382,14 +382,8 @@ def _plan_all(
         return done
 
     later = list(chosen[1:])
-    child = ahead.start(lambda: each(later)) if later and forkable(tree) else None
-    try:
-        first = each(chosen[:1])
-    except BaseException:
-        if child is not None:
-            child.drop()
-        raise
-    got = child.take() if child is not None else None
+    ahead_of = (lambda: each(later)) if later and forkable(tree) else None
+    first, got = ahead.beside(lambda: each(chosen[:1]), ahead_of)
     rest = got[0] if got is not None and _stands(tree, later) else None
     if rest is None:
         rest = each(later)
@@ -430,14 +424,8 @@ def scan(tree: Tree, chosen: Sequence[Patchset]) -> list[Site]:
         return sites, tree.notes[before:]
 
     later = list(chosen[1:])
-    child = ahead.start(lambda: each(later)) if later and forkable(tree) else None
-    try:
-        sites = each(chosen[:1])[0]
-    except BaseException:
-        if child is not None:
-            child.drop()
-        raise
-    got = child.take() if child is not None else None
+    ahead_of = (lambda: each(later)) if later and forkable(tree) else None
+    (sites, _), got = ahead.beside(lambda: each(chosen[:1]), ahead_of)
     rest, notes = got[0] if got is not None else each(later)
     if got is not None:
         tree.notes += notes

@@ -124,3 +124,23 @@ def test_a_release_reads_the_same_with_and_without_the_child(
         seen.append((done.returncode, done.stdout, done.stderr))
     assert seen[0] == seen[1]
     assert seen[0][1].startswith(b"{")
+
+
+def test_beside_stops_the_child_where_the_first_raises() -> None:
+    started: list[int] = []
+    real = ahead.start
+
+    def spy(fn: Any) -> Any:
+        child = real(fn)
+        started.append(child._pid)
+        return child
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ahead, "start", spy)
+        with pytest.raises(ZeroDivisionError):
+            ahead.beside(lambda: 1 / 0, lambda: __import__("time").sleep(60))
+    (pid,) = started
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # killed and reaped, not left to sleep
+    assert ahead.beside(lambda: 1, lambda: 2) == (1, (2,))
+    assert ahead.beside(lambda: 1, None) == (1, None)
