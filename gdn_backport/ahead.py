@@ -9,14 +9,15 @@ content, so they are what the parent would have computed).
 
 Nothing here decides whether the child's value is the one the run would
 have computed: the caller does (``pipeline``: a scan of another patchset
-always is; a plan only when the patchsets before it rewrote nothing). A
+always is; a plan where the patchsets before it rewrote nothing, or
+nothing it reads: ``Patchset.unaffected_by``). A
 child that fails in any way (it died, its value does not pickle) is no
 result: the caller then computes the value itself, as without a child.
 
 Only a process running its own ``scan``, ``apply`` or ``revert`` forks
 (``cli.main``: a caller's process, or ``verify`` running models, may hold
 threads, which a fork does not copy), and never beside a second Python
-thread; ``GDN_BACKPORT_JOBS=1`` turns it off, ``GDN_BACKPORT_JOBS=2``
+thread; ``GDN_BACKPORT_JOBS=1`` turns it off, any other value (``2``)
 forces it on (the tests: pytest-xdist's workers hold a thread that the
 child never touches).
 """
