@@ -90,3 +90,41 @@ def test_installed_builds_finds_what_every_node_finds() -> None:
     assert analysis._installed_builds(tree) == reference_builds(tree)
     assert analysis._installed_builds(tree)["fn"] == "D"  # the later of ast.walk's order
     assert set(analysis._installed_builds(tree)) == {"fn", "g", "h", "k", "g2"}
+
+
+WALKED = """
+class A(B):
+    @staticmethod
+    def f(x, *a, k=1, **kw):
+        def g():
+            return [y async for y in x] if x else {**kw}
+        try:
+            pass
+        except* ValueError as e:
+            match x:
+                case [1, *rest] if rest:
+                    def h():
+                        return lambda q: q
+        finally:
+            with open(x) as fh, ctx():
+                def h():
+                    yield from g()
+for i in range(3):
+    while i:
+        i -= 1
+    else:
+        def e():
+            pass
+"""
+
+
+def test_the_index_walk_gives_ast_walks_nodes_in_its_order() -> None:
+    """``resolve._walk`` replaced ``tuple(ast.walk(...))`` and the function
+    index reads statement lists only: the same nodes, order and index."""
+    from gdn_backport.patchsets.pr51812 import resolve
+
+    tree = ast.parse(WALKED)
+    assert resolve._walk(tree) == tuple(ast.walk(tree))
+    names = [(e[1], e[2]) for e in resolve._raw_index(tree) if e[0] == "function"]
+    assert names == [("A.f", 0), ("A.f.g", 0), ("A.f.h", 0), ("A.f.h", 1), ("e", 0)]
+    assert [e[1] for e in resolve._raw_index(tree) if e[0] == "class"] == ["A"]

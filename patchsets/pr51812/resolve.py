@@ -260,7 +260,27 @@ def _memo(node: ast.AST, kind: str, compute: Callable[[], Any]) -> Any:
 def _nodes(fn: ast.AST) -> tuple[ast.AST, ...]:
     """``ast.walk`` of a function, made once (its parameters' uses, its
     callees and the calls handed its parameters are each read from it)."""
-    return _memo(fn, "nodes", lambda: tuple(ast.walk(fn)))  # type: ignore[no-any-return]
+    return _memo(fn, "nodes", lambda: _walk(fn))  # type: ignore[no-any-return]
+
+
+def _walk(node: ast.AST) -> tuple[ast.AST, ...]:
+    """``tuple(ast.walk(node))``, the same nodes in the same order, without
+    a generator per node (a tenth of a cold scan went to ``ast.walk``)."""
+    out = [node]
+    at = 0
+    while at < len(out):
+        current = out[at]
+        at += 1
+        for name in current._fields:
+            value = getattr(current, name, None)
+            if isinstance(value, ast.AST):
+                out.append(value)
+            elif isinstance(value, list):
+                out.extend(v for v in value if isinstance(v, ast.AST))
+    return tuple(out)
+
+
+_BLOCKS = ("body", "handlers", "orelse", "finalbody", "cases")
 
 
 def _raw_index(tree: ast.Module | None) -> list[tuple[Any, ...]]:
@@ -270,7 +290,10 @@ def _raw_index(tree: ast.Module | None) -> list[tuple[Any, ...]]:
     seen: dict[str, int] = {}
 
     def visit(node: ast.AST, prefix: str, cls: str | None) -> None:
-        for child in ast.iter_child_nodes(node):
+        # Definitions sit only in statement lists, in this order of
+        # ``_fields`` for every node that has them (as ``iter_child_nodes``
+        # gives them), so occurrences count as before.
+        for child in (c for f in _BLOCKS for c in getattr(node, f, ())):
             if isinstance(child, ast.ClassDef):
                 qual = f"{prefix}{child.name}"
                 out.append(("class", qual, tuple(b for b in map(_ast_dotted, child.bases) if b)))
