@@ -64,33 +64,34 @@ def cold(argv: list[str], env: dict[str, str], timeout: float = 600) -> tuple[fl
 def measure(
     argv: list[str], env: dict[str, str], repeat: int, setup: object = None, warm: bool = True
 ) -> tuple[list[float], float]:
-    if warm:
-        if callable(setup):
-            setup()
-        cold(argv, env)
-    times, peak = [], 0.0
-    for _ in range(repeat):
-        if callable(setup):
-            setup()
-        wall, rss = cold(argv, env)
-        times.append(wall)
-        peak = max(peak, rss)
-    return times, peak
+    return interleaved([(argv, env)], repeat, setup, warm)[0]
 
 
 def interleaved(
-    runs: list[tuple[list[str], dict[str, str]]], repeat: int
+    runs: list[tuple[list[str], dict[str, str]]],
+    repeat: int,
+    setup: object = None,
+    warm: bool = True,
 ) -> list[tuple[list[float], float]]:
-    """Each run ``repeat`` times, taking turns (one untimed round first)."""
-    for argv, env in runs:
-        cold(argv, env)
-    out: list[tuple[list[float], float]] = [([], 0.0) for _ in runs]
+    """Each run ``repeat`` times, taking turns (one untimed round first
+    where ``warm``; ``setup`` before every run): its times and peak RSS."""
+
+    def once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+        if callable(setup):
+            setup()
+        return cold(argv, env)
+
+    if warm:
+        for argv, env in runs:
+            once(argv, env)
+    times: list[list[float]] = [[] for _ in runs]
+    peaks = [0.0 for _ in runs]
     for _ in range(repeat):
         for i, (argv, env) in enumerate(runs):
-            wall, rss = cold(argv, env)
-            out[i][0].append(wall)
-            out[i] = (out[i][0], max(out[i][1], rss))
-    return out
+            wall, rss = once(argv, env)
+            times[i].append(wall)
+            peaks[i] = max(peaks[i], rss)
+    return list(zip(times, peaks, strict=True))
 
 
 def loop_time() -> float:

@@ -368,9 +368,9 @@ def _plan_all(
     """Each patchset's plan in turn, a later one reading what the earlier
     ones rewrote (the overlay). The later ones plan in a child beside the
     first (:mod:`gdn_backport.ahead`), on the tree as the run found it:
-    their plans are the run's where the first rewrote nothing; else they
-    plan again here, on its rewrites (what the child analysed of files
-    left as they were is kept: named by content, it is not analysed again)."""
+    their plans are the run's where the first rewrote nothing, or nothing
+    they read (:func:`_stands`); else they plan again here, on its rewrites
+    (what the child analysed is kept: named by content, not analysed again)."""
 
     def each(patchsets: Sequence[Patchset]) -> list[tuple[Plan, list[str]]]:
         done = []
@@ -426,9 +426,10 @@ def scan(tree: Tree, chosen: Sequence[Patchset]) -> list[Site]:
     later = list(chosen[1:])
     ahead_of = (lambda: each(later)) if later and forkable(tree) else None
     (sites, _), got = ahead.beside(lambda: each(chosen[:1]), ahead_of)
-    rest, notes = got[0] if got is not None else each(later)
-    if got is not None:
-        tree.notes += notes
+    if got is None:
+        return sites + each(later)[0]  # its notes went onto the tree as it ran
+    rest, notes = got[0]
+    tree.notes += notes
     return sites + rest
 
 

@@ -265,7 +265,7 @@ def _nodes(fn: ast.AST) -> tuple[ast.AST, ...]:
 
 def _walk(node: ast.AST) -> tuple[ast.AST, ...]:
     """``tuple(ast.walk(node))``, the same nodes in the same order, without
-    a generator per node (a tenth of a cold scan went to ``ast.walk``)."""
+    a generator per node (2-3 % of a cold pr51812 scan of vLLM 0.33.0)."""
     out = [node]
     at = 0
     while at < len(out):
