@@ -383,7 +383,7 @@ def _plan_all(
 
     later = list(chosen[1:])
     ahead_of = (lambda: each(later)) if later and forkable(tree) else None
-    first, got = ahead.beside(lambda: each(chosen[:1]), ahead_of)
+    first, got = ahead.beside(lambda: each(chosen[:1]), ahead_of, _prepare(tree, chosen))
     rest = got[0] if got is not None and _stands(tree, later) else None
     if rest is None:
         rest = each(later)
@@ -406,6 +406,12 @@ def _stands(tree: Tree, later: Sequence[Patchset]) -> bool:
     return all(ps.unaffected_by(changed) for ps in later)
 
 
+def _prepare(tree: Tree, chosen: Sequence[Patchset]) -> ahead.Prepare | None:
+    """What the child does ahead for the first patchset, after the later
+    ones' work (its values are named by their input: right on any tree)."""
+    return chosen[0].prepare(tree) if chosen else None
+
+
 def forkable(tree: Tree) -> bool:
     """A child's work on this tree can stand for the run's: no patchset
     reads a vLLM beside it (what it read and noted of that vLLM is the
@@ -425,7 +431,7 @@ def scan(tree: Tree, chosen: Sequence[Patchset]) -> list[Site]:
 
     later = list(chosen[1:])
     ahead_of = (lambda: each(later)) if later and forkable(tree) else None
-    (sites, _), got = ahead.beside(lambda: each(chosen[:1]), ahead_of)
+    (sites, _), got = ahead.beside(lambda: each(chosen[:1]), ahead_of, _prepare(tree, chosen))
     if got is None:
         return sites + each(later)[0]  # its notes went onto the tree as it ran
     rest, notes = got[0]

@@ -28,6 +28,7 @@ from gdn_backport.errors import UsageError
 if TYPE_CHECKING:
     from libcst.codemod import CodemodCommand
 
+    from gdn_backport.ahead import Prepare
     from gdn_backport.pipeline import Mode, Plan
     from gdn_backport.site import Site
     from gdn_backport.tree import Tree
@@ -129,6 +130,15 @@ class Patchset:
         """Analyse, rewrite and prove the fix over ``tree`` (reading its
         overlay); nothing is written (:mod:`gdn_backport.pipeline` writes)."""
         raise NotImplementedError
+
+    def prepare(self, tree: Tree) -> Prepare | None:
+        """Work a forked child may do ahead for this patchset's own scan or
+        plan of ``tree`` (:mod:`gdn_backport.ahead`), or None. It offers
+        values with ``put(key, value)``; the run takes one (``ahead.offered``)
+        in place of computing it, so a key must name the computation's whole
+        input (a text, not a path) and the value be what the run computes
+        from it. The default: nothing."""
+        return None
 
     def unaffected_by(self, changed: Mapping[Path, tuple[bytes, str]]) -> bool:
         """This patchset's plan is the same whether each of ``changed`` holds

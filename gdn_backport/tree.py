@@ -124,7 +124,10 @@ class Tree:
         data = self._data.get(file)
         if data is None:
             try:
-                data = self._data[file] = file.read_bytes()
+                # Unbuffered: one read of the whole file, no buffer object
+                # (a scan reads every file of the tree once).
+                with open(file, "rb", buffering=0) as fh:
+                    data = self._data[file] = fh.read()
             except OSError as exc:
                 raise UsageError(f"{file}: cannot read ({exc.strerror})") from exc
         return data

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import pickle
 import sys
+import zlib
 from typing import Any
 
 import pytest
@@ -100,6 +102,8 @@ def test_no_fork_beside_another_thread_unless_forced(monkeypatch: pytest.MonkeyP
     ("version", "command"),
     [
         ("0.25.1", "scan"),  # both patchsets affected
+        ("0.33.0", "scan"),  # the first patchset's parses fed from the child
+        ("0.27.1", "scan-first"),  # the first patchset alone: a child only feeding it
         ("0.25.1", "apply"),  # both rewrite: pr51565 keeps its plan made ahead
         ("0.33.0", "apply"),  # pr51812 rewrites nothing
         ("0.19.1", "apply"),  # pr51565 refuses
@@ -113,6 +117,10 @@ def test_a_release_reads_the_same_with_and_without_the_child(
     import subprocess
 
     argv = [command, "--json", str(release(version))]
+    if command == "scan-first":
+        from gdn_backport import registry
+
+        argv = ["scan", "--patchset", registry.discover()[0].info.id, *argv[1:]]
     if command == "apply":
         argv.insert(1, "--dry-run")
     seen = []
@@ -130,8 +138,8 @@ def test_beside_stops_the_child_where_the_first_raises() -> None:
     started: list[int] = []
     real = ahead.start
 
-    def spy(fn: Any) -> Any:
-        child = real(fn)
+    def spy(fn: Any, prepare: Any = None) -> Any:
+        child = real(fn, prepare)
         started.append(child._pid)
         return child
 
@@ -144,3 +152,84 @@ def test_beside_stops_the_child_where_the_first_raises() -> None:
         os.waitpid(pid, os.WNOHANG)  # killed and reaped, not left to sleep
     assert ahead.beside(lambda: 1, lambda: 2) == (1, (2,))
     assert ahead.beside(lambda: 1, None) == (1, None)
+
+
+def _feed() -> ahead.Feed:
+    feed = ahead.Feed.create()
+    assert feed is not None
+    return feed
+
+
+def test_a_feed_hands_over_each_value_whole_by_its_key() -> None:
+    feed = _feed()
+    try:
+        assert feed.offered("a") is None  # nothing sent yet
+        feed.put("a", {"x": [1, 2]})
+        feed.put("b", "two")
+        assert feed.offered("b") == "two"
+        assert feed.offered("a") == {"x": [1, 2]}
+        assert feed.offered("a") is None  # taken once: the caller keeps it
+    finally:
+        feed.close()
+
+
+def test_a_record_being_written_is_not_read_and_a_damaged_one_turns_the_feed_off() -> None:
+    feed = _feed()
+    try:
+        feed.put("whole", 1)
+        data = pickle.dumps("late", protocol=pickle.HIGHEST_PROTOCOL)
+        head = ahead.Feed._HEAD.pack(ahead.Feed._digest("late"), len(data), zlib.crc32(data))
+        os.write(feed._fd, head + data[:-1])  # the child is still writing it
+        assert feed.offered("late") is None
+        assert feed.offered("whole") == 1
+        os.write(feed._fd, data[-1:])
+        assert feed.offered("late") == "late"
+        bad = pickle.dumps("bad")
+        os.write(feed._fd, ahead.Feed._HEAD.pack(ahead.Feed._digest("bad"), len(bad), 0) + bad)
+        feed.put("after", 2)
+        assert feed.offered("bad") is None  # CRC mismatch: not taken
+        assert feed.offered("after") is None  # and nothing more from this feed
+    finally:
+        feed.close()
+
+
+def test_the_child_learns_what_the_parent_took_and_when_it_is_done() -> None:
+    feed = _feed()
+    try:
+        feed.offered("mine")  # the parent asked (and computed it itself)
+        assert feed.taken("mine") and not feed.taken("other")
+        assert feed.wanted()
+        feed.done()
+        assert not feed.wanted()
+    finally:
+        feed.close()
+
+
+def test_the_parent_takes_what_the_child_prepared_while_it_runs() -> None:
+    def prepare(feed: ahead.Feed) -> None:
+        feed.put("k", os.getpid())
+
+    def first() -> object:
+        import time
+
+        deadline = time.monotonic() + 30
+        while (got := ahead.offered("k")) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return got
+
+    got, rest = ahead.beside(first, lambda: "later", prepare)
+    assert isinstance(got, int) and got != os.getpid()
+    assert rest == ("later",)
+    assert ahead.offered("k") is None  # the feed is the run's only
+
+
+def test_the_child_stops_preparing_when_the_parent_is_done() -> None:
+    import time
+
+    def prepare(feed: ahead.Feed) -> None:
+        while feed.wanted():  # a preparation the parent never takes
+            time.sleep(0.01)
+
+    t0 = time.monotonic()
+    assert ahead.beside(lambda: 1, lambda: 2, prepare) == (1, (2,))
+    assert time.monotonic() - t0 < 20

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gdn_backport import atomic, pipeline
+from gdn_backport import ahead, atomic, pipeline
 from gdn_backport.errors import UsageError
 from gdn_backport.pipeline import Mode, Outcome, Plan, SiteChange, conclude, unified_diff
 from gdn_backport.site import Site, Status
@@ -43,6 +44,9 @@ class _Word:
 
     def unaffected_by(self, changed: dict[Path, tuple[bytes, str]]) -> bool:
         return self.independent
+
+    def prepare(self, tree: Tree) -> ahead.Prepare | None:
+        return None
 
     def scan(self, tree: Tree) -> list[Site]:
         tree.notes.append(f"{self.info.id} in {os.getpid()}")
@@ -284,6 +288,34 @@ def test_a_scan_gives_each_patchsets_sites_and_notes_in_order(
     first, second = tree.notes
     assert first == f"a in {os.getpid()}" and second.startswith("b in ")
     assert second != f"b in {os.getpid()}"  # scanned in the child
+
+
+class _Fed(_Word):
+    """A patchset whose scan takes a value its child prepared."""
+
+    def prepare(self, tree: Tree) -> ahead.Prepare | None:
+        return lambda feed: feed.put(f"{self.info.id}.pid", os.getpid())
+
+    def scan(self, tree: Tree) -> list[Site]:
+        deadline = time.monotonic() + 30
+        while (got := ahead.offered(f"{self.info.id}.pid")) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        tree.notes.append(f"fed by {got}")
+        return super().scan(tree)
+
+
+@ahead_only
+@pytest.mark.parametrize("later", [False, True])
+def test_the_first_patchsets_work_ahead_runs_in_the_child(
+    tmp_path: Path, forking: None, later: bool
+) -> None:
+    tree = Tree.of(_tree(tmp_path))
+    chosen = [_Fed("a", "old", "x"), *([_Word("b", "x =", "y")] if later else [])]
+    sites = pipeline.scan(tree, chosen)
+    assert [s.patchset for s in sites] == ["a", "b"][: len(chosen)]
+    fed = tree.notes[0]
+    assert fed.startswith("fed by ") and fed != f"fed by {os.getpid()}"
 
 
 @ahead_only

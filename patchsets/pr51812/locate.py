@@ -14,7 +14,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from gdn_backport import files
+from gdn_backport import ahead, files
 from gdn_backport.cst_nodes import children_of
 from gdn_backport.errors import UsageError
 
@@ -49,7 +49,27 @@ def _markers(names: frozenset[str]) -> tuple[bytes, ...]:
 
 def may_hold_site(data: bytes, patchset: Patchset) -> bool:
     """``data`` may hold a site: a file that fails this cannot."""
-    return b"def " in data and any(m in data for m in markers(patchset))
+    if b"def " not in data:
+        return False
+    marks = markers(patchset)
+    # What every marker holds, looked for first: most files have none, and
+    # one pass then answers for all the markers (the same answer).
+    shared = _shared(marks)
+    return (not shared or shared in data) and any(m in data for m in marks)
+
+
+@functools.lru_cache(maxsize=8)
+def _shared(marks: tuple[bytes, ...]) -> bytes:
+    """The longest run of bytes every one of ``marks`` holds (``spec_``)."""
+    if not marks:
+        return b""
+    first = min(marks, key=len)
+    for size in range(len(first), 0, -1):
+        for at in range(len(first) - size + 1):
+            part = first[at : at + size]
+            if all(part in m for m in marks):
+                return part
+    return b""
 
 
 def mentions_fields(data: bytes, patchset: Patchset) -> bool:
@@ -70,19 +90,41 @@ def function_node(lines: list[str], cand: Candidate) -> cst.FunctionDef:
     An indented method is wrapped in ``if 1:`` so its own indentation stays
     valid; parsing one function instead of the whole file keeps scan fast.
     """
-    text = "".join(lines[cand.start - 1 : cand.end])
-    if not text.endswith("\n"):
-        text += "\n"
-    node = _function_parse(text, bool(cand.col))
+    node = _function_parse(*function_text(lines, cand))
     if node is None:
         raise UsageError(f"line {cand.line}: expected a function definition")
     return node
+
+
+def function_text(lines: list[str], cand: Candidate) -> tuple[str, bool]:
+    """What :func:`function_node` parses: the candidate's text, and whether
+    it is indented."""
+    text = "".join(lines[cand.start - 1 : cand.end])
+    if not text.endswith("\n"):
+        text += "\n"
+    return text, bool(cand.col)
+
+
+def feed_key(text: str, indented: bool) -> str:
+    """The name of a function's parse among the values a forked child
+    offers (:mod:`gdn_backport.ahead`): its whole input."""
+    return f"pr51812.function\0{int(indented)}\0{text}"
 
 
 @functools.lru_cache(maxsize=256)
 def _function_parse(text: str, indented: bool) -> cst.FunctionDef | None:
     # libcst nodes are immutable: the same function's text parses once per
     # process (an apply analyses its tree three times: scan, rewrite, proof).
+    # A child running beside may have parsed it already (:mod:`.preparse`).
+    fed = ahead.offered(feed_key(text, indented))
+    if isinstance(fed, cst.FunctionDef):
+        return fed
+    return parse_function(text, indented)
+
+
+def parse_function(text: str, indented: bool) -> cst.FunctionDef | None:
+    """The function ``text`` defines, parsed with libcst (None: it is no
+    function definition)."""
     if indented:
         module = cst.parse_module("if 1:\n" + text)
         wrapper = module.body[0]

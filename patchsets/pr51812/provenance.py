@@ -29,6 +29,10 @@ class Prov(enum.Enum):
     STATE_NONSPEC = "state_nonspec"
     CONFLICT = "conflict"  # mixes row selections: cannot be reasoned about
 
+    # Members are singletons: hashed by identity, not by name in Python (the
+    # analysis hashes values holding them some 70,000 times a scan).
+    __hash__ = object.__hash__
+
     @property
     def is_rows(self) -> bool:
         return self in _ROWS
@@ -72,6 +76,11 @@ Assume = frozenset[tuple[str, bool]]
 NO_ASSUME: Assume = frozenset()
 
 
+# Whether an assumption holds no key both ways, by assumption (a walk meets
+# the same few sets tens of thousands of times).
+_SOUND: dict[Assume, bool] = {}
+
+
 def consistent(*assumes: Assume) -> Assume | None:
     """The union of branch assumptions, or None if two of them contradict.
 
@@ -82,7 +91,10 @@ def consistent(*assumes: Assume) -> Assume | None:
         if not assume or assume is out:
             continue
         if out is None:
-            if len({key for key, _ in assume}) != len(assume):
+            sound = _SOUND.get(assume)
+            if sound is None:
+                sound = _SOUND[assume] = len({key for key, _ in assume}) == len(assume)
+            if not sound:
                 return None  # an arm no path takes (``x and not x``)
             out = assume
             continue

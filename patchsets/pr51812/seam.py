@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gdn_backport.registry import Patchset
 
 if TYPE_CHECKING:
+    from gdn_backport.ahead import Prepare
     from gdn_backport.pipeline import Mode, Plan
     from gdn_backport.site import Site
     from gdn_backport.tree import Tree
@@ -37,6 +38,11 @@ class Pr51812(Patchset):
         if note:
             tree.notes.append(note)
         return sites
+
+    def prepare(self, tree: Tree) -> Prepare:
+        from .preparse import prepare
+
+        return prepare(tree)
 
     def plan(self, tree: Tree, strategy: str, mode: Mode) -> Plan:
         from .plan import plan
