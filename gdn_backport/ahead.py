@@ -28,22 +28,22 @@ functions) and streams each into a :class:`Feed` under a key that names its
 input exactly (the function's text). The parent asks the feed before
 computing (:func:`offered`); a key the child has not reached yet is computed
 as without a child. The child skips what the parent has asked for already,
-and stops when the parent's work is over (the parent waits for the later
-work's value only). A value is taken only whole: each record carries its
-length and a CRC, and a record that fails the check turns the feed off.
+and stops when the parent's work is over. It feeds before the later work
+where that is short (a scan), after it where the parent would wait for it
+(a plan: another patchset's rewrite and proof can outlast the first's). A
+value is taken only whole: each record carries its length and a CRC, and a
+record that fails the check turns the feed off.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import os
 import pickle
 import signal
 import struct
 import sys
-import tempfile
 import threading
 import zlib
 from collections.abc import Callable
@@ -90,23 +90,24 @@ class Feed:
     end tells the child the parent's work is over (:meth:`taken`,
     :meth:`wanted`): the child stops where the parent caught up with it."""
 
-    _HEAD = struct.Struct("<16sII")  # key digest, length, CRC-32 of the value
+    # The key's hash (the same in a forked child: one hash seed), the
+    # lengths of the key and the value, the CRC-32 of both.
+    _HEAD = struct.Struct("<qIII")
+    _HASH = struct.Struct("<q")
 
     def __init__(self, fd: int, asked: tuple[int, int]) -> None:
         self._fd = fd
         self._asked_r, self._asked_w = asked
         self._end = 0  # how far the parent has indexed
-        self._where: dict[bytes, tuple[int, int, int]] = {}
+        self._where: dict[int, list[tuple[int, int, int, int]]] = {}
         self._broken = False
-        self._taken: set[bytes] = set()
+        self._taken: set[int] = set()
         self._over = False
 
     @classmethod
     def create(cls) -> Feed | None:
-        folder = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
         try:
-            with tempfile.TemporaryFile(dir=folder) as fh:  # unlinked: nothing left behind
-                fd = os.dup(fh.fileno())
+            fd = _unlinked_file()
         except OSError:
             return None
         read, write = os.pipe()
@@ -120,16 +121,14 @@ class Feed:
         with contextlib.suppress(OSError):
             os.close(self._asked_w if child else self._asked_r)
 
-    @staticmethod
-    def _digest(key: str) -> bytes:
-        return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-
     # -- the child ---------------------------------------------------------
     def put(self, key: str, value: object) -> None:
         """``value`` for ``key``, appended whole or not at all (a short write
         leaves a record the parent never completes)."""
+        name = key.encode("utf-8", "surrogatepass")
         data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        record = self._HEAD.pack(self._digest(key), len(data), zlib.crc32(data)) + data
+        crc = zlib.crc32(data, zlib.crc32(name))
+        record = self._HEAD.pack(hash(key), len(name), len(data), crc) + name + data
         view = memoryview(record)
         while view:
             view = view[os.write(self._fd, view) :]
@@ -140,14 +139,16 @@ class Feed:
         return not self._over
 
     def taken(self, key: str) -> bool:
-        """The parent has asked for ``key`` already: it computed it itself."""
+        """The parent has asked for ``key`` already: it computed it itself
+        (by hash: a collision costs one value not made, never a wrong one)."""
         self._drain()
-        return self._digest(key) in self._taken
+        return hash(key) in self._taken
 
     def _drain(self) -> None:
+        size = self._HASH.size
         while not self._over:
             try:
-                chunk = os.read(self._asked_r, 16 * 256)
+                chunk = os.read(self._asked_r, size * 512)
             except BlockingIOError:
                 return
             except OSError:
@@ -155,43 +156,46 @@ class Feed:
             if not chunk:
                 self._over = True
                 return
-            # Digests are written whole (16 bytes, far below PIPE_BUF).
-            self._taken.update(chunk[i : i + 16] for i in range(0, len(chunk), 16))
+            # Hashes are written whole (8 bytes, far below PIPE_BUF).
+            self._taken.update(h for (h,) in self._HASH.iter_unpack(chunk))
 
     # -- the parent --------------------------------------------------------
     def offered(self, key: str) -> object | None:
         """The value the child sent for ``key``, or None (not sent yet, or
-        the feed is off)."""
+        the feed is off). The key is compared whole."""
         if self._broken:
             return None
-        digest = self._digest(key)
-        with contextlib.suppress(OSError):  # full: the child parses one more
-            os.write(self._asked_w, digest)
+        digest = hash(key)
+        with contextlib.suppress(OSError):  # full: the child makes one more
+            os.write(self._asked_w, self._HASH.pack(digest))
         self._index()
-        where = self._where.pop(digest, None)
-        if where is None:
-            return None
-        at, size, crc = where
-        data = os.pread(self._fd, size, at)
-        if len(data) != size or zlib.crc32(data) != crc:
-            self._broken = True
-            return None
-        try:
-            value: object = pickle.loads(data)
-        except Exception:
-            self._broken = True
-            return None
-        return value
+        name = key.encode("utf-8", "surrogatepass")
+        for at, key_size, size, crc in self._where.get(digest, ()):
+            if key_size != len(name):
+                continue
+            data = os.pread(self._fd, key_size + size, at)
+            if len(data) != key_size + size or zlib.crc32(data) != crc:
+                self._broken = True
+                return None
+            if data[:key_size] != name:
+                continue
+            try:
+                value: object = pickle.loads(data[key_size:])
+            except Exception:
+                self._broken = True
+                return None
+            return value
+        return None
 
     def _index(self) -> None:
         end = os.fstat(self._fd).st_size
         head = self._HEAD.size
         while self._end + head <= end:
-            digest, size, crc = self._HEAD.unpack(os.pread(self._fd, head, self._end))
-            if self._end + head + size > end:
+            digest, key_size, size, crc = self._HEAD.unpack(os.pread(self._fd, head, self._end))
+            if self._end + head + key_size + size > end:
                 break  # being written
-            self._where.setdefault(digest, (self._end + head, size, crc))
-            self._end += head + size
+            self._where.setdefault(digest, []).append((self._end + head, key_size, size, crc))
+            self._end += head + key_size + size
 
     def done(self) -> None:
         """The parent's work is over: the child stops feeding."""
@@ -203,6 +207,18 @@ class Feed:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._broken = True
+
+
+def _unlinked_file() -> int:
+    """A file no one else can open, in memory where ``/dev/shm`` is."""
+    for folder in ("/dev/shm", None):
+        if folder is not None and hasattr(os, "O_TMPFILE"):
+            with contextlib.suppress(OSError):
+                return os.open(folder, os.O_TMPFILE | os.O_RDWR, 0o600)
+    import tempfile
+
+    with tempfile.TemporaryFile() as fh:
+        return os.dup(fh.fileno())
 
 
 _feed: list[Feed] = []  # the feed of the child running beside this run, if any
@@ -263,10 +279,13 @@ class Ahead(Generic[T]):
             os.waitpid(pid, 0)
 
 
-def start(fn: Callable[[], T] | None, prepare: Prepare | None = None) -> Ahead[T] | None:
-    """``fn()`` running in a forked child, after ``prepare`` fed the parent
-    (:class:`Feed`) for as long as it wanted; None where forking is not
-    wanted (:func:`wanted`) or fails. Without ``fn`` the value is None."""
+def start(
+    fn: Callable[[], T] | None, prepare: Prepare | None = None, feed_first: bool = True
+) -> Ahead[T] | None:
+    """``fn()`` running in a forked child, and ``prepare`` feeding the
+    parent (:class:`Feed`) for as long as it wants, before ``fn`` or after
+    it (``feed_first``); None where forking is not wanted (:func:`wanted`)
+    or fails. Without ``fn`` the value is None."""
     if not wanted():
         return None
     from gdn_backport import cache
@@ -295,12 +314,10 @@ def start(fn: Callable[[], T] | None, prepare: Prepare | None = None) -> Ahead[T
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         out, err = io.StringIO(), io.StringIO()
         sys.stdout, sys.stderr = out, err
-        if feed is not None and prepare is not None:
-            # First, while the parent's own work still wants it: after the
-            # later work, most of it would come too late to be taken.
+        if feed is not None:
             feed.forked(child=True)
-            with contextlib.suppress(Exception):
-                prepare(feed)
+        if feed_first:
+            _feeding(feed, prepare)
         try:
             kind, value = "value", fn() if fn is not None else None
         except BaseException:
@@ -314,18 +331,31 @@ def start(fn: Callable[[], T] | None, prepare: Prepare | None = None) -> Ahead[T
             data = b""
         with os.fdopen(write, "wb") as fh:
             fh.write(data)
+        if not feed_first:
+            _feeding(feed, prepare)
     finally:
         os._exit(0)
 
 
+def _feeding(feed: Feed | None, prepare: Prepare | None) -> None:
+    if feed is not None and prepare is not None:
+        with contextlib.suppress(Exception):
+            prepare(feed)
+
+
 def beside(
-    first: Callable[[], U], later: Callable[[], T] | None, prepare: Prepare | None = None
+    first: Callable[[], U],
+    later: Callable[[], T] | None,
+    prepare: Prepare | None = None,
+    feed_first: bool = True,
 ) -> tuple[U, tuple[T] | None]:
     """``first()`` here while ``later()`` runs in a child (None: no later
-    work), the child feeding ``first`` before (``prepare``): the first's
-    value and :meth:`Ahead.take`'s (None without ``later``). The child is
-    stopped where ``first`` raises."""
-    child = start(later, prepare) if later is not None or prepare is not None else None
+    work), the child feeding ``first`` (``prepare``) before the later work
+    or after it (``feed_first``: where the later work is short, else the
+    parent would wait for its value): the first's value and
+    :meth:`Ahead.take`'s (None without ``later``). The child is stopped
+    where ``first`` raises."""
+    child = start(later, prepare, feed_first) if later is not None or prepare is not None else None
     if child is not None and child.feed is not None:
         _feed.append(child.feed)
     try:

@@ -383,7 +383,11 @@ def _plan_all(
 
     later = list(chosen[1:])
     ahead_of = (lambda: each(later)) if later and forkable(tree) else None
-    first, got = ahead.beside(lambda: each(chosen[:1]), ahead_of, _prepare(tree, chosen))
+    # A later plan can take longer than the first's (a rewrite, its proof):
+    # the child feeds the first only after it.
+    first, got = ahead.beside(
+        lambda: each(chosen[:1]), ahead_of, _prepare(tree, chosen), feed_first=ahead_of is None
+    )
     rest = got[0] if got is not None and _stands(tree, later) else None
     if rest is None:
         rest = each(later)

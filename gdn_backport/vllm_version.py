@@ -21,7 +21,6 @@ folders name no one version):
 from __future__ import annotations
 
 import ast
-import email.parser
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,6 +156,8 @@ def _from_metadata(base: Path, files: list[Path]) -> VllmVersion | None:
     """The first core-metadata file (RFC 822 headers) naming ``vllm``."""
     for path in files:
         try:
+            import email.parser  # 7 ms: only where the version is read from metadata
+
             meta = email.parser.BytesHeaderParser().parsebytes(path.read_bytes())
         except OSError:
             continue

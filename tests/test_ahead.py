@@ -138,8 +138,8 @@ def test_beside_stops_the_child_where_the_first_raises() -> None:
     started: list[int] = []
     real = ahead.start
 
-    def spy(fn: Any, prepare: Any = None) -> Any:
-        child = real(fn, prepare)
+    def spy(fn: Any, *more: Any) -> Any:
+        child = real(fn, *more)
         started.append(child._pid)
         return child
 
@@ -168,27 +168,49 @@ def test_a_feed_hands_over_each_value_whole_by_its_key() -> None:
         feed.put("b", "two")
         assert feed.offered("b") == "two"
         assert feed.offered("a") == {"x": [1, 2]}
-        assert feed.offered("a") is None  # taken once: the caller keeps it
+        assert feed.offered("a") == {"x": [1, 2]}  # again: a caller may forget it
     finally:
         feed.close()
+
+
+def _record(key: str, value: object, crc: int | None = None) -> bytes:
+    name = key.encode()
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    crc = zlib.crc32(data, zlib.crc32(name)) if crc is None else crc
+    return ahead.Feed._HEAD.pack(hash(key), len(name), len(data), crc) + name + data
 
 
 def test_a_record_being_written_is_not_read_and_a_damaged_one_turns_the_feed_off() -> None:
     feed = _feed()
     try:
         feed.put("whole", 1)
-        data = pickle.dumps("late", protocol=pickle.HIGHEST_PROTOCOL)
-        head = ahead.Feed._HEAD.pack(ahead.Feed._digest("late"), len(data), zlib.crc32(data))
-        os.write(feed._fd, head + data[:-1])  # the child is still writing it
+        late = _record("late", "late")
+        os.write(feed._fd, late[:-1])  # the child is still writing it
         assert feed.offered("late") is None
         assert feed.offered("whole") == 1
-        os.write(feed._fd, data[-1:])
+        os.write(feed._fd, late[-1:])
         assert feed.offered("late") == "late"
-        bad = pickle.dumps("bad")
-        os.write(feed._fd, ahead.Feed._HEAD.pack(ahead.Feed._digest("bad"), len(bad), 0) + bad)
+        os.write(feed._fd, _record("bad", "bad", crc=0))
         feed.put("after", 2)
         assert feed.offered("bad") is None  # CRC mismatch: not taken
         assert feed.offered("after") is None  # and nothing more from this feed
+    finally:
+        feed.close()
+
+
+def test_a_key_is_compared_whole_not_by_its_hash(monkeypatch: pytest.MonkeyPatch) -> None:
+    feed = _feed()
+    try:
+        os.write(
+            feed._fd,
+            _record("other", "wrong")[:8].replace(
+                ahead.Feed._HASH.pack(hash("other")), ahead.Feed._HASH.pack(hash("mine"))
+            )
+            + _record("other", "wrong")[8:],
+        )  # a collision: the hash of "mine", another key
+        assert feed.offered("mine") is None
+        feed.put("mine", "right")
+        assert feed.offered("mine") == "right"
     finally:
         feed.close()
 

@@ -28,10 +28,11 @@ def feed() -> Iterator[ahead.Feed]:
         locate._function_parse.cache_clear()
 
 
-def _offered(feed: ahead.Feed) -> list[str]:
-    """The keys of the records in ``feed``, in the order they were put."""
+def _offered(feed: ahead.Feed) -> list[int]:
+    """The hashes of the keys of the records in ``feed``, in the order put."""
     feed._index()
-    return sorted(feed._where, key=lambda digest: feed._where[digest][0])  # type: ignore[arg-type, return-value]
+    return [h for h, _ in sorted(((h, at) for h, recs in feed._where.items() for at, *_ in recs),
+                                 key=lambda pair: pair[1])]  # fmt: skip
 
 
 def test_the_child_parses_what_the_scan_parses_last_first(
@@ -56,7 +57,7 @@ def test_the_child_parses_what_the_scan_parses_last_first(
     assert len(candidates) >= 2
     # Every candidate the scan parsed was offered, the last file's first, and
     # each value is the parse of its key's text.
-    digests = [ahead.Feed._digest(locate.feed_key(*key)) for key in candidates]
+    digests = [hash(locate.feed_key(*key)) for key in candidates]
     order = _offered(feed)
     assert set(digests) <= set(order)
     assert order.index(digests[-1]) < order.index(digests[0])

@@ -432,6 +432,11 @@ class TreeIndex:
     def _load(self, path: Path) -> ModuleInfo | None:
         """A module the analysis reaches through an import; None if it is not
         a readable, parseable file inside the tree."""
+        if not self.overrides and not os.path.isfile(path):
+            # Most paths an import tries are not files (``x.py`` of a package):
+            # no ``resolve`` (an lstat per folder) for them (an override may
+            # be a file not yet on disk: then every path is resolved).
+            return None
         real = path.resolve()
         if real in self._by_path:
             return self._by_path[real]
