@@ -173,6 +173,17 @@ def test_a_feed_hands_over_each_value_whole_by_its_key() -> None:
         feed.close()
 
 
+def test_a_value_pickled_by_the_caller_reads_back_as_put_would_give_it() -> None:
+    feed = _feed()
+    try:
+        feed.put_pickled("mine", pickle.dumps(("pickled", 1)))
+        feed.put("theirs", ("put", 2))
+        assert feed.offered("mine") == ("pickled", 1)
+        assert feed.offered("theirs") == ("put", 2)
+    finally:
+        feed.close()
+
+
 def _record(key: str, value: object, crc: int | None = None) -> bytes:
     name = key.encode()
     data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)

@@ -16,6 +16,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from gdn_backport.cst_nodes import pickled
+
 from . import locate
 
 if TYPE_CHECKING:
@@ -33,7 +35,7 @@ def prepare(tree: Tree) -> Prepare:
                 continue  # the parent parsed it (where they met, all before it)
             node = locate.parse_function(text, indented)
             if node is not None:
-                feed.put(key, node)
+                feed.put_pickled(key, pickled(node))
 
     return work
 
