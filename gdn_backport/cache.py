@@ -155,6 +155,11 @@ def load(name: str) -> object | None:
     return value
 
 
+def stored(name: str) -> bool:
+    """An entry is on disk under ``name`` (it may still not :func:`load`)."""
+    return enabled() and _path(name).is_file()
+
+
 def store(name: str, value: object) -> None:
     """Write the entry (atomically); a cache that cannot be written is not
     used again in this process."""

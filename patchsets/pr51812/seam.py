@@ -39,7 +39,18 @@ class Pr51812(Patchset):
             tree.notes.append(note)
         return sites
 
-    def prepare(self, tree: Tree) -> Prepare:
+    def prepare(self, tree: Tree) -> Prepare | None:
+        from gdn_backport import cache
+
+        from .config import for_tree
+
+        if cache.enabled():
+            patchset = for_tree(tree.path if tree.path.is_dir() else tree.root, tree.kernels)
+            name = _scan_key(self.info.id, tree, patchset)
+            if name is not None and cache.stored(name):
+                # The scan will be read from the cache: nothing to parse, and
+                # a child parsing anyway is what the run would wait for.
+                return None
         from .preparse import prepare
 
         return prepare(tree)
