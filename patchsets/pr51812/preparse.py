@@ -22,13 +22,14 @@ if TYPE_CHECKING:
 
 
 def prepare(tree: Tree) -> Prepare:
+    # Imported here, before the fork, not at module level: a scan that needs
+    # a parse imports libcst anyway, and the child then starts with it; a
+    # rescan (a cache hit, no prepare: seam.py) never imports it.
+    from gdn_backport.cst_nodes import pickled
+
+    from . import locate
+
     def work(feed: Feed) -> None:
-        # Imported here, in the child: a parent whose scan is all cache hits
-        # never imports libcst (0.15-0.25 s of a 0.25 s rescan).
-        from gdn_backport.cst_nodes import pickled
-
-        from . import locate
-
         for text, indented in _candidates(tree, feed):
             key = locate.feed_key(text, indented)
             if not feed.wanted():
