@@ -327,12 +327,11 @@ _STATE_FIELDS: dict[type, tuple[str, ...] | None] = {}
 
 
 def _state_fields(cls: type) -> tuple[str, ...] | None:
-    names = _STATE_FIELDS.get(cls, ())
-    if names == ():
-        names = _STATE_FIELDS[cls] = (
+    if cls not in _STATE_FIELDS:
+        _STATE_FIELDS[cls] = (
             tuple(f.name for f in dataclasses.fields(cls)) if issubclass(cls, cst.CSTNode) else None
         )
-    return names
+    return _STATE_FIELDS[cls]
 
 
 class _NodePickler(pickle.Pickler):

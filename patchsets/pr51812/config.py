@@ -19,9 +19,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gdn_backport.errors import UsageError
+
+if TYPE_CHECKING:
+    from gdn_backport.tree import Tree
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -339,3 +342,8 @@ def for_tree(root: Path | None, files: Sequence[Path] = ()) -> Patchset:
     """The shipped patchset with the kernels ``root`` (and ``files``) declare."""
     extra = declared_kernels(root, files)
     return load().with_kernels(extra) if extra else load()
+
+
+def config_for(tree: Tree) -> Patchset:
+    """The patchset's data with the kernels the tree (and ``--kernels``) declares."""
+    return for_tree(tree.path if tree.path.is_dir() else tree.root, tree.kernels)

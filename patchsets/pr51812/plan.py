@@ -24,7 +24,7 @@ from gdn_backport.site import Site, Status
 from gdn_backport.tree import Tree, relative
 
 from .analysis import Walk
-from .config import Patchset, for_tree
+from .config import Patchset, config_for
 from .scan import TreeScan, scan_tree_full, sites_of
 from .sites import Key, TreeAnalysis
 
@@ -48,11 +48,6 @@ def _walks_into(analysis: TreeAnalysis, key: str) -> list[Walk]:
         for _, w in analysis.walks
         if any(c.select is not None and c.select.key[0] == key for c in w.calls)
     ]
-
-
-def config_for(tree: Tree) -> Patchset:
-    """The patchset's data with the kernels the tree (and ``--kernels``) declares."""
-    return for_tree(tree.path if tree.path.is_dir() else tree.root, tree.kernels)
 
 
 def plan(tree: Tree, strategy: str, mode: Mode) -> Plan:

@@ -49,10 +49,10 @@ def _candidates(tree: Tree, feed: Feed) -> Iterator[tuple[str, bool]]:
     the functions naming a spec field); a file that cannot be read or
     parsed is left to the run, which reports it."""
     from . import locate
-    from .config import for_tree
+    from .config import config_for
     from .resolve import TreeIndex
 
-    patchset = for_tree(tree.path if tree.path.is_dir() else tree.root, tree.kernels)
+    patchset = config_for(tree)
     index = TreeIndex(tree.root, patchset, tree.overlay or None)
     for file in reversed(tree.walk().files):
         if not feed.wanted():

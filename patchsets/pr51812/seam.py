@@ -21,11 +21,7 @@ class Pr51812(Patchset):
     def scan(self, tree: Tree) -> list[Site]:
         from gdn_backport import cache
 
-        from .config import for_tree
-
-        # The patchset's data with the kernels the tree (and --kernels) declares.
-        patchset = for_tree(tree.path if tree.path.is_dir() else tree.root, tree.kernels)
-        name = _scan_key(self.info.id, tree, patchset) if cache.enabled() else None
+        patchset, name = self._scan_name(tree)
         if name is None:
             sites, note, _ = _scan(tree, patchset)
         else:
@@ -42,18 +38,24 @@ class Pr51812(Patchset):
     def prepare(self, tree: Tree) -> Prepare | None:
         from gdn_backport import cache
 
-        from .config import for_tree
-
-        if cache.enabled():
-            patchset = for_tree(tree.path if tree.path.is_dir() else tree.root, tree.kernels)
-            name = _scan_key(self.info.id, tree, patchset)
-            if name is not None and cache.stored(name):
-                # The scan will be read from the cache: nothing to parse, and
-                # a child parsing anyway is what the run would wait for.
-                return None
+        name = self._scan_name(tree)[1]
+        if name is not None and cache.stored(name):
+            # The scan will be read from the cache: nothing to parse, and a
+            # child parsing anyway is what the run would wait for.
+            return None
         from .preparse import prepare
 
         return prepare(tree)
+
+    def _scan_name(self, tree: Tree) -> tuple[Any, str | None]:
+        """The patchset's data for ``tree`` and the analysis cache's name
+        for its scan (None: the cache is off, or no name can be made)."""
+        from gdn_backport import cache
+
+        from .config import config_for
+
+        patchset = config_for(tree)
+        return patchset, _scan_key(self.info.id, tree, patchset) if cache.enabled() else None
 
     def plan(self, tree: Tree, strategy: str, mode: Mode) -> Plan:
         from .plan import plan
