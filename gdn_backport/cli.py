@@ -506,7 +506,9 @@ def _cmd_scan(args: argparse.Namespace) -> int:
         _warn(_leftovers_warning(root, left))
         statuses = {s.status.value for s in sites}
         code = 2 if "unknown" in statuses else 1 if "affected" in statuses else 0
-        return _ci_report(args, path, root, sites, chosen, code, fmt)
+        code = _ci_report(args, path, root, sites, chosen, code, fmt)
+        _warn(_unknown_line(sites))
+        return code
     if args.json:
         version = vllm_version.to_json(vllm_version.detect(root))
         doc = {
@@ -524,7 +526,22 @@ def _cmd_scan(args: argparse.Namespace) -> int:
             print(line)
     _warn(_leftovers_warning(root, left))
     bad = {s.status.value for s in sites}
+    # Exit 2 comes with its line on stderr (a gate's log shows why it failed).
+    _warn(_unknown_line(sites))
     return 2 if "unknown" in bad else 1 if "affected" in bad else 0
+
+
+def _unknown_line(sites: Sequence[Site]) -> str:
+    """The stderr line of a scan that exits 2 for its ``unknown`` sites
+    (none: no line); the reasons are in the report on stdout."""
+    unknown = [s for s in sites if s.status.value == "unknown"]
+    if not unknown:
+        return ""
+    where = ", ".join(f"{s.path}:{s.line} {s.function}" for s in unknown)
+    return (
+        f"gdn-backport: {len(unknown)} unknown site(s): {where}; "
+        "apply refuses them (the reasons are in the report)"
+    )
 
 
 def exit_code(out: Outcome, dry_run: bool = False, preview: bool = False) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import errno
 import functools
 import io
 import os
@@ -21,6 +22,7 @@ import tokenize
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 from gdn_backport.atomic import STATE_DIR
 from gdn_backport.errors import Refusal, UsageError
@@ -76,9 +78,16 @@ def walk(root: Path) -> Walk:
     block forever. Directory entries carry their type, so a tree of 3,000
     files costs no ``stat`` per file. Links are followed, after the real
     folders (so a file reached both ways keeps its real path); a folder is
-    walked once by its resolved path (link loops end there), a dangling or
-    looping link is skipped, and a link to a folder that holds the tree
-    itself is not walked (it would walk the tree's parents).
+    walked once by its resolved path (link loops end there), and a link to
+    a folder that holds the tree itself is not walked (it would walk the
+    tree's parents).
+
+    Never a silent miss: a ``*.py`` that is a link to nothing or a loop of
+    links, one that is not a regular file (a FIFO, a device), and a folder
+    that cannot be listed are a UsageError naming it (skipped, the module
+    would be missing from the scan and ``apply`` would write a half fix).
+    What is no module is still skipped: a dangling or looping link of
+    another name, the :data:`SKIP_DIRS` folders.
     """
     out = Walk(root)
     if root.is_file():
@@ -107,22 +116,27 @@ def walk(root: Path) -> Walk:
         seen_dirs.add(real_dir)
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError:
-            return  # unreadable folders are skipped, as os.walk does
+        except OSError as exc:
+            # os.walk skips it: its modules would be missing from the scan.
+            raise UsageError(f"{folder}: cannot read ({exc.strerror})") from exc
         folders = []
         names = {e.name for e in entries}
         for entry in entries:
             if entry.is_symlink():
                 try:
                     st = os.stat(entry.path)
-                except OSError:
-                    continue  # dangling, or a loop of links
+                except OSError as exc:
+                    if entry.name.endswith(".py"):
+                        _refuse_link(_child(folder, entry.name), exc)
+                    continue  # not a module: a dangling or looping link of another name
                 if stat.S_ISDIR(st.st_mode):
                     real = os.path.realpath(entry.path)
                     # A link to a folder holding the tree would walk its parents.
                     if entry.name not in SKIP_DIRS and not _holds(real, top):
                         pending.append((Path(entry.path), real))
-                elif stat.S_ISREG(st.st_mode) and entry.name.endswith(".py"):
+                elif entry.name.endswith(".py"):
+                    if not stat.S_ISREG(st.st_mode):
+                        raise UsageError(f"{_child(folder, entry.name)}: not a regular file")
                     add(_child(folder, entry.name), os.path.realpath(entry.path), True)
             elif entry.is_dir(follow_symlinks=False):
                 if entry.name not in SKIP_DIRS:
@@ -136,6 +150,9 @@ def walk(root: Path) -> Walk:
                     m = _LEFTOVER.match(entry.name)
                     if m and m["name"] in names:
                         out.leftovers.append(Path(entry.path))
+            elif entry.name.endswith(".py"):
+                # A FIFO or a device: reading it would block, skipping it misses a module.
+                raise UsageError(f"{_child(folder, entry.name)}: not a regular file")
         for sub in folders:
             visit(_child(folder, sub.name), os.path.join(real_dir, sub.name), linked)
 
@@ -144,6 +161,21 @@ def walk(root: Path) -> Walk:
         folder, real = pending.pop(0)
         visit(folder, real, True)
     return out
+
+
+def _refuse_link(path: Path, exc: OSError) -> NoReturn:
+    """A ``*.py`` link ``os.stat`` could not follow: why, as one line."""
+    if exc.errno == errno.ELOOP:
+        raise UsageError(f"{path}: a loop of symbolic links") from exc
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            raise UsageError(f"{path}: symbolic link to nothing") from exc
+        raise UsageError(
+            f"{path}: symbolic link to nothing (its target {target} does not exist)"
+        ) from exc
+    raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
 
 
 def _holds(folder: str, path: str) -> bool:

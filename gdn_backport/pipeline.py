@@ -559,6 +559,14 @@ def _revert(
     return out
 
 
+def _names(upstreams: frozenset[str]) -> str:
+    """Patchset ids for records' upstreams (the upstream where none claims it)."""
+    from gdn_backport import registry
+
+    found = [registry.by_upstream(u) for u in sorted(upstreams)]
+    return ", ".join(p.info.id if p else u for p, u in zip(found, sorted(upstreams), strict=True))
+
+
 def _revert_files(
     path: Path,
     mode: Mode,
@@ -581,6 +589,13 @@ def _revert_files(
     found += files.state_leftovers(root) + files.leftovers_beside(root / r for r in wanted)
     if not wanted:
         out.message = "nothing to revert: no gdn-backport record in this tree"
+        others = sorted({r.upstream for rel in records.paths() for r in records.for_path(rel)})
+        if upstreams is not None and others:
+            # ``revert --patchset X`` where only other patchsets' records are left.
+            out.message = (
+                f"nothing to revert: no record of {_names(upstreams)} in this tree "
+                f"(the records of {_names(frozenset(others))} remain)"
+            )
         return out
     restore: list[tuple[Path, str, bytes, bytes, Record]] = []
     kept = 0

@@ -91,11 +91,11 @@ def test_link_loops_inside_the_tree_end_the_walk(
     capsys: pytest.CaptureFixture[str], affected_tree: Path
 ) -> None:
     vllm = affected_tree / "vllm"
-    (vllm / "a.py").symlink_to(vllm / "b.py")
-    (vllm / "b.py").symlink_to(vllm / "a.py")
+    (vllm / "a").symlink_to(vllm / "b")  # links that are no module: skipped
+    (vllm / "b").symlink_to(vllm / "a")
     (vllm / "loop").symlink_to(vllm, target_is_directory=True)
     (vllm / "up").symlink_to(affected_tree.parent, target_is_directory=True)
-    (vllm / "dangling.py").symlink_to(vllm / "nowhere.py")
+    (vllm / "dangling").symlink_to(vllm / "nowhere")
     before = snapshot(affected_tree)
     code, out, _ = run(capsys, "scan", str(affected_tree), "--json")
     assert code == 1 and out.count('"path"') == 1  # the one site, once
@@ -104,6 +104,30 @@ def test_link_loops_inside_the_tree_end_the_walk(
     assert (affected_tree / SITE).read_text() == FIXED
     assert run(capsys, "revert", str(affected_tree))[0] == 0
     assert snapshot(affected_tree) == before
+
+
+@pytest.mark.parametrize(
+    ("how", "reason"),
+    [("loop", "a loop of symbolic links"), ("dangling", "symbolic link to nothing")],
+)
+def test_a_module_that_is_a_broken_link_is_refused(
+    capsys: pytest.CaptureFixture[str], affected_tree: Path, how: str, reason: str
+) -> None:
+    """A ``*.py`` link to nothing, or a loop of them, is a module the scan
+    cannot read: refused (D7), never skipped into a half fix."""
+    vllm = affected_tree / "vllm"
+    if how == "loop":
+        (vllm / "a.py").symlink_to(vllm / "b.py")
+        (vllm / "b.py").symlink_to(vllm / "a.py")
+    else:
+        (vllm / "a.py").symlink_to(vllm / "nowhere.py")
+    before = snapshot(affected_tree)
+    for argv in (["scan"], ["apply", "--check"], ["apply", "--dry-run"], ["apply"]):
+        code, out, err = run(capsys, *argv, str(affected_tree))
+        assert (code, out) == (2, ""), argv
+        refused(err, str(vllm / "a.py"), reason)
+    assert snapshot(affected_tree) == before
+    no_records(capsys, affected_tree)
 
 
 @pytest.mark.parametrize("how", ["file", "folder"])
@@ -187,7 +211,9 @@ def test_fifo_named_py_does_not_hang(tmp_path: Path, affected_tree: Path) -> Non
         timeout=120,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
-    assert proc.returncode == 1, proc.stderr  # the affected site, found
+    # A module that cannot be read is refused (D7), without reading it.
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.endswith("pipe.py: not a regular file\n"), proc.stderr
     proc = subprocess.run(
         [sys.executable, "-m", "gdn_backport", "scan", str(affected_tree / "vllm" / "pipe.py")],
         capture_output=True,

@@ -218,3 +218,70 @@ def test_an_apply_with_nothing_to_rewrite_imports_no_codemod_machinery(tmp_path:
         )  # fmt: skip
         seen[name] = done.stdout.splitlines()[-1]
     assert seen == {"fixed": "0 False", "affected": "0 True"}
+
+
+# -- D7: a module the walk cannot take is bad input, for every command and patchset
+
+
+RUNNER = Path("vllm/v1/worker/gpu_model_runner.py")
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])  # "2": the later patchset's scan in a forked child
+@pytest.mark.parametrize("patchset", [[], ["--patchset", "pr51812"], ["--patchset", "pr51565"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["scan"], ["scan", "--json"], ["apply"], ["apply", "--dry-run"], ["apply", "--check"]],
+    ids=" ".join,
+)
+def test_a_dangling_module_link_is_refused_and_nothing_is_written(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    affected_tree: Path,
+    argv: list[str],
+    patchset: list[str],
+    jobs: str,
+) -> None:
+    """The release repro of D7: gpu_model_runner.py is a link to nothing.
+    Skipped, the scan misses pr51565's runner and ``apply`` writes a half
+    fix; it is bad input: exit 2, one line naming it, nothing changed."""
+    monkeypatch.setenv("GDN_BACKPORT_JOBS", jobs)
+    link = affected_tree / RUNNER
+    link.parent.mkdir(parents=True)
+    link.symlink_to("/nonexistent/gpu_model_runner.py")
+    before = snapshot(affected_tree)
+    code, out, err = run(capsys, *argv, *patchset, str(affected_tree))
+    assert code == 2, (out, err)
+    target = "/nonexistent/gpu_model_runner.py"
+    assert (
+        err
+        == f"gdn-backport: {link}: symbolic link to nothing (its target {target} does not exist)\n"
+    )
+    if "--json" in argv:
+        assert json.loads(out)["exit_code"] == 2
+    assert snapshot(affected_tree) == before
+    assert not (affected_tree / ".gdn-backport").exists()
+
+
+# -- D10: scan's exit 2 for an unknown site comes with its line on stderr
+
+
+@pytest.mark.parametrize(
+    "argv", [[], ["--json"], ["--format", "sarif"], ["--format", "github"]], ids=" ".join
+)
+def test_a_scan_with_an_unknown_site_says_so_on_stderr(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]
+) -> None:
+    from gdn_backport.patchsets.pr51812.codemods.gather_gates import GatherGatesCodemod
+
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    # A kernel behind an unknown wrapper: an unknown site.
+    (tmp_path / "vllm" / "gdn.py").write_text(GatherGatesCodemod.REFUSES[1][0])
+    code, out, err = run(capsys, "scan", *argv, str(tmp_path))
+    assert code == 2
+    assert err == (
+        "gdn-backport: 1 unknown site(s): vllm/gdn.py:1 spec_step; "
+        "apply refuses them (the reasons are in the report)\n"
+    )
+    if argv and argv[0] in ("--json", "--format") and argv[-1] != "github":
+        json.loads(out)  # stdout stays one document

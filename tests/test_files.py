@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import errno
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,17 +27,85 @@ def test_walk_takes_python_files_skips_state_and_caches_and_follows_links(tmp_pa
     for skip in (".git", "__pycache__", STATE_DIR, ".venv"):
         (tmp_path / skip).mkdir()
         (tmp_path / skip / "c.py").write_text("")
-    os.mkfifo(tmp_path / "pkg" / "fifo.py")  # never read: it would block
+    os.mkfifo(tmp_path / "pkg" / "fifo.txt")  # not a module: never read, it would block
     outside = tmp_path.parent / f"{tmp_path.name}-outside"
     outside.mkdir()
     (outside / "linked.py").write_text("")
     (tmp_path / "link").symlink_to(outside)
-    (tmp_path / "dangling.py").symlink_to(tmp_path / "nowhere.py")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")  # not a module
+    (tmp_path / "self").symlink_to(tmp_path / "self")  # a loop, not a module
+    (tmp_path / ".git" / "dangling.py").symlink_to(tmp_path / "nowhere.py")  # not walked
     (tmp_path / "pkg" / "loop").symlink_to(tmp_path / "pkg")  # holds the tree's files
+    (tmp_path / "pkg" / "up").symlink_to(tmp_path.parent)  # holds the tree
     walk = files.walk(tmp_path)
     assert _names(walk) == ["pkg/a.py", "pkg/sub/b.py", "link/linked.py"]
     assert walk.links == {tmp_path / "link" / "linked.py": outside / "linked.py"}
     assert list(files.python_files(tmp_path)) == walk.files
+
+
+def _unreadable(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """``os.scandir`` of ``folder`` fails as a folder without read permission does
+    (the tests run as root, whom no mode stops)."""
+    real = os.scandir
+
+    def scandir(path: Any = ".") -> Any:
+        if os.fspath(path) == str(folder):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("dangling", "symbolic link to nothing"),
+        ("loop", "a loop of symbolic links"),
+        ("loop-of-two", "a loop of symbolic links"),
+        ("fifo", "not a regular file"),
+        ("link-to-fifo", "not a regular file"),
+        ("unreadable-folder", "cannot read (Permission denied)"),
+        ("unreadable-linked-folder", "cannot read (Permission denied)"),
+    ],
+)
+def test_a_module_the_walk_cannot_take_is_a_usage_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, reason: str
+) -> None:
+    """A ``*.py`` the walk cannot read, or a folder it cannot list, is bad
+    input (D7): skipped, its module would be missing from the scan, and
+    ``apply`` would write a half fix. One line naming it and the reason."""
+    pkg = tmp_path / "vllm" / "worker"
+    pkg.mkdir(parents=True)
+    (pkg / "a.py").write_text("")
+    bad = pkg / "runner.py"
+    if kind == "dangling":
+        bad.symlink_to("/nonexistent/runner.py")
+    elif kind == "loop":
+        bad.symlink_to("runner.py")
+    elif kind == "loop-of-two":
+        (pkg / "other.py").symlink_to("runner.py")
+        bad.symlink_to("other.py")
+        bad = pkg / "other.py"  # the link of the loop that sorts first
+    elif kind == "fifo":
+        os.mkfifo(bad)
+    elif kind == "link-to-fifo":
+        os.mkfifo(tmp_path / "pipe")
+        bad.symlink_to(tmp_path / "pipe")
+    elif kind == "unreadable-folder":
+        bad = pkg
+        _unreadable(monkeypatch, pkg)
+    else:
+        outside = tmp_path.parent / f"{tmp_path.name}-outside"
+        outside.mkdir()
+        bad = tmp_path / "vllm" / "linked"
+        bad.symlink_to(outside)
+        _unreadable(monkeypatch, bad)
+    with pytest.raises(UsageError) as got:
+        files.walk(tmp_path)
+    message = str(got.value)
+    assert "\n" not in message
+    assert message.startswith(f"{bad}: "), message
+    assert reason in message, message
 
 
 def test_a_file_reached_twice_through_a_linked_folder_keeps_its_real_path(

@@ -187,6 +187,20 @@ def test_nothing_to_do_and_nothing_to_revert(tmp_path: Path) -> None:
     assert back.message == "nothing to revert: no gdn-backport record in this tree"
 
 
+def test_reverting_a_patchset_with_no_record_left_names_the_records_that_remain(
+    tmp_path: Path,
+) -> None:
+    """D11 (session 15): ``revert --patchset pr51812`` run twice said "no
+    gdn-backport record in this tree" while pr51565's records were there."""
+    root = _tree(tmp_path)
+    pipeline.apply(root, [_Word("a", "old", "new")])
+    out = pipeline.revert_tree(root, upstreams=frozenset({"o/r#b"}))
+    assert out.message == (
+        "nothing to revert: no record of o/r#b in this tree (the records of o/r#a remain)"
+    )
+    assert (root / REL).read_text() == "x = 'new'\n"
+
+
 def test_revert_refuses_a_file_changed_since_it_was_patched(tmp_path: Path) -> None:
     root = _tree(tmp_path)
     pipeline.apply(root, [_Word("a", "old", "new")])

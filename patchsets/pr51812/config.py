@@ -294,7 +294,15 @@ def _read_toml(path: Path) -> dict[str, Any]:
     return data
 
 
+# What a declaration holds: ``[[kernel]]`` tables, nothing else (a typo of a
+# key, ``kernels`` or ``[kernal]``, would be a declaration silently not there).
+_DECLARATION_KEYS = frozenset({"kernel"})
+
+
 def _kernels_in(table: dict[str, Any], where: str, file: Path) -> list[KernelSpec]:
+    unknown = sorted(set(table) - _DECLARATION_KEYS)
+    if unknown:
+        raise UsageError(f"{where}: unknown key '{unknown[0]}'")
     kernels = table.get("kernel", [])
     if not isinstance(kernels, list):
         raise UsageError(f"{where}: 'kernel' must be an array of tables ([[kernel]])")
