@@ -21,6 +21,7 @@ from ..provenance import (
     join,
 )
 from .model import META, NEVER, TENSOR_ATTRS, CallRecord, Env, Vals
+from .row_order import INDEX_ARITHMETIC, INDEX_KEEPS, TOKEN_INDEX, arithmetic, method_rows
 from .state import WalkerState
 
 
@@ -44,7 +45,17 @@ class Expressions(WalkerState):
                 return frozenset(
                     Val(v.assume, INVERT.get(v.prov, v.prov), v.defs, v.lead) for v in vals
                 )
-            return vals
+            return arithmetic(vals) if isinstance(node.operator, cst.Minus) else vals
+        if (
+            isinstance(node, cst.BinaryOperation)
+            and isinstance(node.operator, INDEX_ARITHMETIC)
+            and isinstance(node.left, NUMBERS) != isinstance(node.right, NUMBERS)
+        ):
+            # ``idx + 1``, ``idx * 2`` select other rows than ``idx`` (rows in
+            # arithmetic stay rows). A start plus a count (``spec_token_start
+            # + m.num_spec_decode_tokens``) is the end of a range, not an index.
+            sides = [arithmetic(self.ev(node.left, env)), arithmetic(self.ev(node.right, env))]
+            return self._combine(sides, join)
         if isinstance(node, cst.IfExp):
             self.ev(node.test, env)
             out: set[Val] = set()
@@ -276,6 +287,12 @@ class Expressions(WalkerState):
             for e in node.slice
         )
         dim = carrying[0] if len(carrying) == 1 and not ellipsis else None
+        if not all(_whole(e) for e in node.slice) and not _trim(node.slice):
+            # ``idx[:1]``, ``idx[1:]``, ``idx[perm]``: some of the rows it selected.
+            base = frozenset(
+                Val(v.assume, Prov.CONFLICT, v.defs, v.lead) if v.prov in TOKEN_INDEX else v
+                for v in base
+            )
         # ``x[0]`` of a ``[1, T, H]`` tensor: its ``[T, H]``.
         first = node.slice[0].slice if len(node.slice) == 1 else None
         drops_lead = (
@@ -340,10 +357,19 @@ class Expressions(WalkerState):
             record.owner = owner
             if any(v.prov not in (Prov.NONE, Prov.NULL) for v in owner):
                 # A method of a tensor (``x.contiguous()``, ``idx.to(...)``)
-                # keeps the tensor's rows whatever its arguments, and their
-                # token axis but where it adds or drops a dimension before it.
-                return relayout(owner, func.attr.value, node)
+                # keeps the tensor's rows, but where it reorders, mixes or
+                # drops them (:mod:`.row_order`), and their token axis but
+                # where it adds or drops a dimension before it.
+                method = func.attr.value
+                return relayout(method_rows(owner, method, list(node.args)), method, node)
         parts = [vals for _, _, vals in arg_vals]
+        short = callee.rsplit(".", 1)[-1] if callee is not None else None
+        if callee is not None and callee.startswith("torch.") and parts and not starred:
+            # ``torch.flip(x, [0])`` as ``x.flip([0])``; ``torch.zeros_like(idx)``
+            # is no longer the index.
+            assert short is not None
+            first = method_rows(parts[0], short, list(node.args[1:]))
+            parts = [first, *(arithmetic(p) if short not in INDEX_KEEPS else p for p in parts[1:])]
         out = self._combine(parts, opaque) if parts else frozenset({NONE_VAL})
         if callee is not None and callee.rsplit(".", 1)[-1] in self.leading_one:
             # ``g, beta = fused_gdn_gating(...)``: ``[1, T, H]`` each.
@@ -361,6 +387,34 @@ class Expressions(WalkerState):
 
     def _torch_aliases(self) -> list[str]:
         return [k for k, v in self.imports.items() if v == "torch"]
+
+
+def _whole(element: cst.SubscriptElement) -> bool:
+    """``:``, ``...`` or ``None`` in a subscript: every entry along it."""
+    s = element.slice
+    if isinstance(s, cst.Slice):
+        return s.lower is None and s.upper is None and s.step is None
+    value = s.value if isinstance(s, cst.Index) else None
+    return isinstance(value, cst.Ellipsis) or (
+        isinstance(value, cst.Name) and value.value == "None"
+    )
+
+
+NUMBERS = (cst.Integer, cst.Float)
+
+
+def _trim(elements: Sequence[cst.SubscriptElement]) -> bool:
+    """``idx[:n]`` with ``n`` no literal: the index cut to the step's real
+    tokens (``spec_token_masks[:num_actual_tokens]``), its selection kept."""
+    if len(elements) != 1 or not isinstance(elements[0].slice, cst.Slice):
+        return False
+    s = elements[0].slice
+    return (
+        s.lower is None
+        and s.step is None
+        and s.upper is not None
+        and not isinstance(s.upper, NUMBERS)
+    )
 
 
 def off_axis(base: Val, dim: int | None) -> bool:

@@ -1,0 +1,162 @@
+"""Which tensor operations keep a value's token rows, in order.
+
+The analysis follows row selections through tensor methods and arithmetic
+(``x.contiguous()``, ``a_spec.float()``). Some operations take the rows
+apart instead: they reorder them (``flip``, ``roll``, ``sort``), mix them
+(``cumsum``, ``mean`` along the token axis), or keep only some of them
+(``narrow``). Their result holds rows nobody can name (``CONFLICT``), so a
+spec call fed one is ``unknown``, never ``fixed``: a gate gathered and then
+flipped is misaligned however its gather was written.
+
+A token *index* (``spec_token_indx``) is held to a stricter rule: any
+change to its values changes which rows it selects (``idx + 1``,
+``idx.flip(0)``, ``torch.zeros_like(idx)``, ``idx[:1]``), so it stays the
+spec index only through casts, moves and views.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ..provenance import Prov, Val
+from .model import Vals
+
+# Token indices (1-D): what selects which rows.
+TOKEN_INDEX = frozenset({Prov.IDX_SPEC, Prov.IDX_NONSPEC})
+
+# What an index keeps its selection through: casts, device moves, copies,
+# views of its one dimension (and the in-place buffer writes of the
+# builders, which the analysis does not model).
+INDEX_KEEPS = frozenset(
+    {
+        "to", "long", "int", "cuda", "cpu", "contiguous", "clone", "detach", "view",
+        "view_as", "reshape", "flatten", "squeeze", "unsqueeze", "type", "type_as",
+        "copy_", "fill_", "pin_memory", "numel", "size", "dim", "tolist", "item",
+        "nonzero", "argwhere", "bool",
+    }
+)  # fmt: skip
+
+# Methods that reorder, mix or drop rows along the dimension they are given:
+# method -> (the dim argument's position, its keyword, whether leaving it
+# out reorders too: ``roll`` without dims rolls the flattened tensor, ``sort``
+# sorts the last dim).
+ALONG = {
+    "flip": (0, "dims", True),
+    "roll": (1, "dims", True),
+    "cumsum": (0, "dim", True),
+    "cumprod": (0, "dim", True),
+    "cummax": (0, "dim", True),
+    "cummin": (0, "dim", True),
+    "logcumsumexp": (0, "dim", True),
+    "narrow": (0, "dim", True),
+    "sort": (0, "dim", False),
+    "argsort": (0, "dim", False),
+    "repeat_interleave": (1, "dim", True),
+    "gather": (0, "dim", True),
+    "take_along_dim": (1, "dim", True),
+    # Reductions: without a dim they leave no rows at all (a scalar).
+    "mean": (0, "dim", False),
+    "sum": (0, "dim", False),
+    "nansum": (0, "dim", False),
+    "nanmean": (0, "dim", False),
+    "prod": (0, "dim", False),
+    "amax": (0, "dim", False),
+    "amin": (0, "dim", False),
+    "max": (0, "dim", False),
+    "min": (0, "dim", False),
+    "median": (0, "dim", False),
+    "nanmedian": (0, "dim", False),
+    "std": (0, "dim", False),
+    "var": (0, "dim", False),
+    "logsumexp": (0, "dim", False),
+    "topk": (1, "dim", False),
+    "kthvalue": (1, "dim", False),
+}
+# Whatever their arguments: a permutation, a row subset, a flattening.
+ALWAYS = frozenset({"msort", "take", "masked_select", "unique", "unique_consecutive", "tile"})
+
+# Arithmetic on an index makes another index.
+INDEX_ARITHMETIC = (
+    cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.FloorDivide, cst.Modulo,
+    cst.Power, cst.LeftShift, cst.RightShift, cst.MatrixMultiply,
+)  # fmt: skip
+
+
+def _literal_ints(node: cst.BaseExpression) -> list[int] | None:
+    """``0``, ``-1``, ``(0, 1)``, ``[0]`` as ints; None for anything else."""
+    if isinstance(node, cst.Integer):
+        return [int(node.value, 0)]
+    if (
+        isinstance(node, cst.UnaryOperation)
+        and isinstance(node.operator, cst.Minus)
+        and isinstance(node.expression, cst.Integer)
+    ):
+        return [-int(node.expression.value, 0)]
+    if isinstance(node, (cst.Tuple, cst.List)):
+        out: list[int] = []
+        for e in node.elements:
+            if isinstance(e, cst.StarredElement):
+                return None
+            got = _literal_ints(e.value)
+            if got is None:
+                return None
+            out += got
+        return out
+    return None
+
+
+def _dims(args: list[cst.Arg], position: int, keyword: str) -> list[int] | bool | None:
+    """The literal dims a call names (False: it names none; None: not literal)."""
+    for arg in args:
+        if arg.keyword is not None and arg.keyword.value == keyword:
+            return _literal_ints(arg.value)
+    positional = [a for a in args if a.keyword is None]
+    if any(a.star for a in args):
+        return None
+    if len(positional) > position:
+        return _literal_ints(positional[position].value)
+    return False
+
+
+def _touches(dims: list[int] | bool | None, lead: int | None, default: bool) -> bool:
+    """Whether dims (as :func:`_dims` gives them) include the token axis."""
+    if dims is False:
+        return default
+    if not isinstance(dims, list):
+        return True
+    axis = 0 if lead is None else lead
+    # A negative dim counts from the end: the rows a spec call reads (q/k/v,
+    # the gates) have dims after the token axis, so ``-1`` is not it.
+    return any(d == axis for d in dims)
+
+
+def method_rows(vals: Vals, method: str, args: list[cst.Arg]) -> Vals:
+    """``vals`` after ``x.method(*args)``: rows taken apart where it
+    reorders, mixes or drops them along the token axis; a token index
+    changed by anything but a cast, a move or a view."""
+    out: set[Val] = set()
+    changed = False
+    for v in vals:
+        broken = False
+        if v.prov in TOKEN_INDEX:
+            broken = method not in INDEX_KEEPS
+        elif v.prov.is_rows:
+            if method in ALWAYS:
+                broken = True
+            elif method in ALONG:
+                position, keyword, default = ALONG[method]
+                broken = _touches(_dims(args, position, keyword), v.lead, default)
+        if broken:
+            changed = True
+            v = Val(v.assume, Prov.CONFLICT, v.defs, v.lead)
+        out.add(v)
+    return frozenset(out) if changed else vals
+
+
+def arithmetic(vals: Vals) -> Vals:
+    """A token index in arithmetic (``idx + 1``, ``-idx``) selects other rows."""
+    if not any(v.prov in TOKEN_INDEX for v in vals):
+        return vals
+    return frozenset(
+        Val(v.assume, Prov.CONFLICT, v.defs, v.lead) if v.prov in TOKEN_INDEX else v for v in vals
+    )

@@ -1,0 +1,100 @@
+"""Operations that take token rows apart (``row_order``): a gate gathered by
+the spec index and then reordered, mixed or cut, or gathered by an index
+that was changed, is ``unknown``, never ``fixed``; casts, moves, views and
+the padding trim keep the rows (and the verdict)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gdn_backport.site import Status
+from tests.test_analysis import site, status
+
+GATHER = """\
+i = {index}
+x_spec = x.index_select(0, md.spec_token_indx)
+a_s = {a}
+b_s = b.index_select(0, md.spec_token_indx)
+"""
+
+
+def gathered(a: str, index: str = "md.spec_token_indx") -> str:
+    return site(GATHER.format(a=a, index=index), "a_s", "b_s")
+
+
+# The gate ``a`` after each of these is not the spec rows of q/k/v.
+BROKEN = [
+    ("flip", "a.index_select(0, md.spec_token_indx).flip(0)"),
+    ("flip-dims-kw", "a.index_select(0, md.spec_token_indx).flip(dims=(0,))"),
+    ("roll", "a.index_select(0, md.spec_token_indx).roll(1, 0)"),
+    ("roll-flat", "a.index_select(0, md.spec_token_indx).roll(1)"),
+    ("cumsum", "a.index_select(0, md.spec_token_indx).cumsum(0)"),
+    ("sort", "a.index_select(0, md.spec_token_indx).sort(dim=0).values"),
+    ("narrow", "a.narrow(0, 0, md.spec_token_indx.numel())"),
+    ("mean-over-tokens", "a.index_select(0, md.spec_token_indx).mean(0, keepdim=True)"),
+    ("torch-flip", "torch.flip(a.index_select(0, md.spec_token_indx), [0])"),
+    ("torch-cumsum", "torch.cumsum(a.index_select(0, md.spec_token_indx), dim=0)"),
+    ("index-plus-one", "a.index_select(0, md.spec_token_indx + 1)"),
+    ("index-minus-one", "a.index_select(0, md.spec_token_indx - 1)"),
+    ("index-negated", "a.index_select(0, -md.spec_token_indx)"),
+    ("index-flipped", "a.index_select(0, md.spec_token_indx.flip(0))"),
+    (
+        "index-masked",
+        "a.index_select(0, md.spec_token_indx.masked_fill(md.spec_token_indx > 3, 0))",
+    ),
+    ("index-zeros", "a.index_select(0, torch.zeros_like(md.spec_token_indx))"),
+    (
+        "index-where",
+        "a.index_select(0, torch.where(md.spec_token_indx > 3, md.spec_token_indx, 0))",
+    ),
+    ("index-prefix", "a.index_select(0, md.spec_token_indx[:1])"),
+    ("index-from-one", "a.index_select(0, md.spec_token_indx[1:])"),
+    ("index-picked", "a[md.spec_token_indx[0]]"),
+]
+
+
+@pytest.mark.parametrize("gate", [g for _, g in BROKEN], ids=[n for n, _ in BROKEN])
+def test_a_gate_whose_rows_were_taken_apart_is_unknown(gate: str) -> None:
+    assert status(gathered(gate), {"torch": "torch"}) is Status.UNKNOWN
+
+
+def test_an_index_changed_before_the_gathers_is_unknown() -> None:
+    """Every gather reads the changed index the same way: still not the rows
+    the kernel's spec slots belong to."""
+    body = """\
+    i = md.spec_token_indx + 1
+    x_spec = x.index_select(0, i)
+    a_s = a.index_select(0, i)
+    b_s = b.index_select(0, i)
+    """
+    assert status(site(body, "a_s", "b_s")) is Status.UNKNOWN
+
+
+KEPT = [
+    ("contiguous", "a.index_select(0, md.spec_token_indx).contiguous()"),
+    ("cast", "a.index_select(0, md.spec_token_indx).float()"),
+    ("to", "a.index_select(0, md.spec_token_indx).to(x.dtype)"),
+    ("sum-over-heads", "a.index_select(0, md.spec_token_indx).sum(-1, keepdim=True)"),
+    ("flip-heads", "a.index_select(0, md.spec_token_indx).flip(1)"),
+    ("index-cast", "a.index_select(0, md.spec_token_indx.long())"),
+    ("index-moved", "a.index_select(0, md.spec_token_indx.to(a.device))"),
+    ("index-trimmed", "a.index_select(0, md.spec_token_indx[: md.num_actual_tokens])"),
+    ("scaled", "a.index_select(0, md.spec_token_indx) * 2"),
+]
+
+
+@pytest.mark.parametrize("gate", [g for _, g in KEPT], ids=[n for n, _ in KEPT])
+def test_casts_moves_and_the_padding_trim_keep_the_rows(gate: str) -> None:
+    assert status(gathered(gate), {"torch": "torch"}) is Status.FIXED
+
+
+def test_a_start_plus_a_count_is_a_range_bound_not_a_changed_index() -> None:
+    """``spec_token_start + num_spec_decode_tokens`` ends the spec range (the
+    Kimi layers' slices): no arithmetic on an index."""
+    body = """\
+    end = md.spec_token_start + md.num_spec_decode_tokens
+    x_spec = x[md.spec_token_start : end]
+    a_s = a[md.spec_token_start : end]
+    b_s = b[md.spec_token_start : end]
+    """
+    assert status(site(body, "a_s", "b_s")) is Status.FIXED
