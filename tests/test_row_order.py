@@ -47,6 +47,8 @@ BROKEN = [
         "index-where",
         "a.index_select(0, torch.where(md.spec_token_indx > 3, md.spec_token_indx, 0))",
     ),
+    ("cut-from-one", "a.index_select(0, md.spec_token_indx)[1:]"),
+    ("every-other-row", "a.index_select(0, md.spec_token_indx)[::2]"),
     ("index-prefix", "a.index_select(0, md.spec_token_indx[:1])"),
     ("index-from-one", "a.index_select(0, md.spec_token_indx[1:])"),
     ("index-picked", "a[md.spec_token_indx[0]]"),
@@ -80,6 +82,8 @@ KEPT = [
     ("index-moved", "a.index_select(0, md.spec_token_indx.to(a.device))"),
     ("index-trimmed", "a.index_select(0, md.spec_token_indx[: md.num_actual_tokens])"),
     ("scaled", "a.index_select(0, md.spec_token_indx) * 2"),
+    ("cut-from-zero", "a.index_select(0, md.spec_token_indx)[0:]"),
+    ("heads-cut", "a.index_select(0, md.spec_token_indx)[:, 1:]"),
 ]
 
 

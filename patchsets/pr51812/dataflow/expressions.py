@@ -287,6 +287,7 @@ class Expressions(WalkerState):
             for e in node.slice
         )
         dim = carrying[0] if len(carrying) == 1 and not ellipsis else None
+        base = _cut_rows(base, node.slice)
         if not all(_whole(e) for e in node.slice) and not _trim(node.slice):
             # ``idx[:1]``, ``idx[1:]``, ``idx[perm]``: some of the rows it selected.
             base = frozenset(
@@ -415,6 +416,32 @@ def _trim(elements: Sequence[cst.SubscriptElement]) -> bool:
         and s.upper is not None
         and not isinstance(s.upper, NUMBERS)
     )
+
+
+def _literal_cut(element: cst.BaseSlice) -> bool:
+    """``1:``, ``2:n``, ``::2``: a cut by a number, which no step's row
+    count is (``x[num_decode_tokens:]``, the prefills after the decodes, and
+    ``x[0:n]`` keep their rows)."""
+    if not isinstance(element, cst.Slice):
+        return False
+    lower, step = element.lower, element.step
+    if isinstance(lower, NUMBERS) and lower.evaluated_value != 0:
+        return True
+    return isinstance(step, NUMBERS) and step.evaluated_value != 1
+
+
+def _cut_rows(base: Vals, elements: Sequence[cst.SubscriptElement]) -> Vals:
+    """Rows cut by a number along their token axis (``a[1:]``, ``a[::2]``):
+    some of them, which nobody can name."""
+    if not any(_literal_cut(e.slice) for e in elements):
+        return base
+    out = set()
+    for v in base:
+        axis = 0 if v.lead is None else v.lead
+        if v.prov.is_rows and axis < len(elements) and _literal_cut(elements[axis].slice):
+            v = Val(v.assume, Prov.CONFLICT, v.defs, v.lead)
+        out.add(v)
+    return frozenset(out)
 
 
 def off_axis(base: Val, dim: int | None) -> bool:
