@@ -244,6 +244,134 @@ def test_builder_verdicts(body: str, status: Status) -> None:
     assert (kind, function, found) == ("builder", "B.build", status)
 
 
+# The whole rule as releases 0.31-0.33 ship it (and our rewrite writes it),
+# in our own names: a branch that classifies, a spec branch that sets the
+# counts itself, query lengths derived twice (once per branch).
+RULE = """
+qsl = m.query_start_loc_cpu
+if self.spec is None:
+    ql = qsl.diff()
+    fresh = (ql > 0) & (m.seq_lens_cpu_upper_bound <= ql)
+    if m.is_prefilling is not None:
+        fresh &= m.is_prefilling
+    else:
+        fresh = torch.zeros_like(fresh)
+    a, b, c, d = split_decodes_and_prefills(
+        m.replace(is_prefilling=fresh), decode_threshold=1, treat_short_extends_as_decodes=False
+    )
+    if b:
+        b -= int((ql[a:] == 0).sum())
+        d = int(qsl[a + b]) - c
+else:
+    ql = qsl[1:] - qsl[:-1]
+    a, b, c, d = 0, len(ql), 0, int(ql.sum())
+"""
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("", ""),  # as written
+        ("ql = qsl.diff()", "ql = torch.diff(qsl)"),
+        ("ql = qsl.diff()", "ql = qsl[1:] - qsl[:-1]"),
+        ("(ql > 0)", "(ql >= 1)"),
+        ("(ql > 0) & ", ""),
+        ("(m.seq_lens_cpu_upper_bound <= ql)", "(ql >= m.seq_lens_cpu_upper_bound)"),
+        ("decode_threshold=1, ", ""),  # the split's default
+    ],
+)
+def test_the_fixed_rule_in_every_form_releases_use_is_fixed(old: str, new: str) -> None:
+    assert old in RULE
+    body = RULE.replace(old, new, 1) if old else RULE
+    assert _verdicts(_build(body)) == [("builder", "B.build", Status.FIXED)]
+
+
+# D5: each edit undoes the fix (a new one-token row is a decode again, or
+# the counts say so), and each was reported fixed.
+RULE_MUTANTS = [
+    # One-token rows left out of the rule.
+    ("(ql > 0)", "(ql > 1)"),
+    ("(ql > 0)", "(ql >= 2)"),
+    # Arithmetic on an operand: no longer the prior-state test.
+    ("<= ql)", "<= ql + 100)"),
+    ("<= ql)", "<= ql * 0)"),
+    ("(m.seq_lens_cpu_upper_bound <= ql)", "(m.seq_lens_cpu_upper_bound - 5 <= ql)"),
+    # The rule's value overwritten, whole or in part, before the split.
+    (
+        "        fresh = torch.zeros_like(fresh)\n    a, b",
+        "        fresh = torch.zeros_like(fresh)\n    fresh = torch.zeros_like(fresh)\n    a, b",
+    ),
+    ("    if m.is_prefilling", "    fresh = torch.zeros_like(fresh)\n    if m.is_prefilling"),
+    ("    if m.is_prefilling", "    fresh[:] = False\n    if m.is_prefilling"),
+    ("    if m.is_prefilling", "    fresh.fill_(False)\n    if m.is_prefilling"),
+    ("    if m.is_prefilling", "    fresh &= ql > 1\n    if m.is_prefilling"),
+    ("    if m.is_prefilling", "    alias = fresh\n    alias[:] = False\n    if m.is_prefilling"),
+    (
+        "    if m.is_prefilling",
+        "    torch.logical_and(fresh, False, out=fresh)\n    if m.is_prefilling",
+    ),
+    # Not the rule's gate: the else branch keeps an ungated rule.
+    ("    else:\n        fresh = torch.zeros_like(fresh)\n", ""),
+    # A threshold of 2: two-token rows are decodes.
+    ("decode_threshold=1", "decode_threshold=2"),
+    # Query lengths that are not the difference of query_start_loc.
+    ("ql = qsl.diff()", "ql = qsl[1:]"),
+    ("ql = qsl.diff()", "ql = qsl.diff() - 1"),
+    ("ql = qsl.diff()", "ql = m.seq_lens_cpu_upper_bound"),
+    # The counts the split returned, rewritten afterwards.
+    ("    if b:\n", "    a, b = a + b, 0\n    if b:\n"),
+    ("    if b:\n", "    a += b\n    if b:\n"),
+    ("        b -= int((ql[a:] == 0).sum())", "        b -= b"),
+    ("        d = int(qsl[a + b]) - c", "        a, b = a + b, 0"),
+    # ... after the branch, too.
+    ("int(ql.sum())\n", "int(ql.sum())\na = a + b\n"),
+]
+
+
+@pytest.mark.parametrize(("old", "new"), RULE_MUTANTS)
+def test_a_rule_edited_out_of_the_fix_is_never_fixed(old: str, new: str) -> None:
+    assert old in RULE
+    body = RULE.replace(old, new, 1)
+    found = analyse_module(ast.parse(_build(body)), _build(body), load())
+    assert [(f.kind, f.status) for f in found] == [("builder", Status.UNKNOWN)], found
+
+
+def test_an_unknown_builder_makes_an_open_runner_route_unknown(tmp_path: Path) -> None:
+    """D6: a builder the analysis cannot read (its split behind a helper)
+    says nothing of how one-token rows are classified: an open route beside
+    it is unknown, naming it; a guarded route stays fixed."""
+    hidden = _build(
+        """
+        a, b, c, d = _split_fixed(m.replace(is_prefilling=m.is_prefilling))
+        """
+    ).replace(
+        "class B:", "def _split_fixed(m):\n    return split_decodes_and_prefills(m)\n\n\nclass B:"
+    )
+    root = _tree(tmp_path)
+    (root / "vllm/attn/fancy.py").write_text(hidden)
+    sites = engine.scan_sites(root)
+    assert {s.function: s.status for s in sites} == {
+        "B.build": Status.UNKNOWN,
+        "Runner.execute_model": Status.UNKNOWN,
+        "Runner2.execute_model": Status.UNKNOWN,
+    }
+    [builder] = [s for s in sites if s.function == "B.build"]
+    for s in sites:
+        if s.function != "B.build":
+            assert f"vllm/attn/fancy.py:{builder.line}" in s.reason, s.reason
+    # The guard closes the route whatever the builders do.
+    runner = tmp_path / "tree" / "vllm/worker/runner.py"
+    runner.write_text(
+        runner.read_text().replace(
+            "            num_reqs=num_reqs,\n",
+            f"            num_reqs=num_reqs,\n            force_uniform_decode={V1_GUARD},\n",
+        )
+    )
+    assert {s.function: s.status for s in engine.scan_sites(root)}["Runner.execute_model"] is (
+        Status.FIXED
+    )
+
+
 def test_builders_outside_the_family_and_family_without_split() -> None:
     # A builder that fills no GDN-family field is another bug family's (Mamba).
     other = "class M:\n    def build(self, p, m):\n        split_decodes_and_prefills(m)\n"

@@ -106,8 +106,10 @@ def findings(
         if found:
             per_file[file] = found
     flat = [f for fs in per_file.values() for f in fs]
+    places = [f"{tree.relative(file)}:{f.line}" for file, fs in per_file.items() for f in fs]
     # A plugin's runner replays decode graphs for vLLM's builders too.
-    flat = settle(flat + _vllm_builders(tree, flat))[: len(flat)]
+    theirs = _vllm_builders(tree, flat)
+    flat = settle(flat + [f for _, f in theirs], places + [p for p, _ in theirs])[: len(flat)]
     _half_fix_note(tree, flat)
     it = iter(flat)
     return {file: [next(it) for _ in fs] for file, fs in per_file.items()}
@@ -156,14 +158,20 @@ def _half_fix_note(tree: Tree, flat: list[Finding]) -> None:
     )
 
 
-def _vllm_builders(tree: Tree, flat: list[Finding]) -> list[Finding]:
-    """vLLM's builders, where the tree has a runner route left open: its
-    verdict depends on every builder the runner serves, and a plugin's
-    tree holds few or none of them."""
+def _vllm_builders(tree: Tree, flat: list[Finding]) -> list[tuple[str, Finding]]:
+    """vLLM's builders (each with where it lies), where the tree has a
+    runner route left open: its verdict depends on every builder the runner
+    serves, and a plugin's tree holds few or none of them."""
     if tree.vllm is None or not any(f.kind != "builder" and not f.guarded for f in flat):
         return []
     found = vllm_findings(tree)
-    builders = [f for fs in (found or {}).values() for f in fs if f.kind == "builder"]
+    vtree = tree.vllm.tree(tree.root)
+    builders = [
+        (f"{vtree.relative(file) if vtree is not None else file}:{f.line}", f)
+        for file, fs in (found or {}).items()
+        for f in fs
+        if f.kind == "builder"
+    ]
     if builders:
         assert tree.vllm is not None
         tree.vllm.used("the metadata builders")
