@@ -372,6 +372,30 @@ def test_an_unknown_builder_makes_an_open_runner_route_unknown(tmp_path: Path) -
     )
 
 
+@pytest.mark.parametrize("cut", ["[:0]", "[1:num_reqs]", "[::2]", "[0]", "[idx]", "[:1]"])
+def test_a_v1_guard_reading_only_some_rows_counts_does_not_close_the_route(
+    tmp_path: Path, cut: str
+) -> None:
+    """Session 15 audit: the guard's counts cut to no rows (``[:0]``) or to
+    some of them was read as the guard: ``fixed`` on an open route. Only the
+    counts whole or cut to the requests (``[:num_reqs]``) close it."""
+    root = _tree(tmp_path)
+    runner = root / "vllm/worker/runner.py"
+    guard = V1_GUARD.replace("[:num_reqs]", cut)
+    runner.write_text(
+        runner.read_text().replace(
+            "            num_reqs=num_reqs,\n",
+            f"            num_reqs=num_reqs,\n            force_uniform_decode={guard},\n",
+        )
+    )
+    status = {s.function: s.status for s in engine.scan_sites(root)}["Runner.execute_model"]
+    assert status is not Status.FIXED
+    # The guard as written is fixed (the test's control).
+    runner.write_text(runner.read_text().replace(guard, V1_GUARD))
+    status = {s.function: s.status for s in engine.scan_sites(root)}["Runner.execute_model"]
+    assert status is Status.FIXED
+
+
 def test_builders_outside_the_family_and_family_without_split() -> None:
     # A builder that fills no GDN-family field is another bug family's (Mamba).
     other = "class M:\n    def build(self, p, m):\n        split_decodes_and_prefills(m)\n"

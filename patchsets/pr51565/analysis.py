@@ -1016,17 +1016,46 @@ def _any_without_computed(test: ast.expr) -> bool:
     if isinstance(test, ast.Call) and _name(test.func) == "bool" and len(test.args) == 1:
         return _any_without_computed(test.args[0])
     if isinstance(test, ast.Compare):
-        return isinstance(test.ops[0], ast.In) and _zero_test(test)
+        return (
+            isinstance(test.ops[0], ast.In)
+            and _zero_test(test)
+            and _every_count(test.comparators[0])
+        )
     if isinstance(test, ast.Call) and _name(test.func) == "any":
         inner: list[ast.AST] = list(test.args)
         if isinstance(test.func, ast.Attribute):
             inner.append(test.func.value)
         for arg in inner:
-            if isinstance(arg, ast.GeneratorExp):
+            generated = isinstance(arg, ast.GeneratorExp)
+            if generated:
+                assert isinstance(arg, ast.GeneratorExp)
                 arg = arg.elt
-            if _zero_test(arg) and "num_computed_tokens" in " ".join(_attrs(arg)):
+            if not _zero_test(arg) or "num_computed_tokens" not in " ".join(_attrs(arg)):
+                continue
+            assert isinstance(arg, ast.Compare)
+            constant_left = _is_int(arg.left, 0) or _is_int(arg.left, 1)
+            counts = arg.comparators[0] if constant_left else arg.left
+            if generated or _every_count(counts):
                 return True
     return False
+
+
+def _every_count(node: ast.expr) -> bool:
+    """The computed-token counts of every row of the step: the field whole,
+    or cut to the requests (``counts[:num_reqs]``); a cut by a number
+    (``counts[:0]``, ``counts[1:]``) or an index leaves rows out."""
+    if isinstance(node, ast.Subscript):
+        cut = node.slice
+        if not isinstance(cut, ast.Slice) or cut.step is not None:
+            return False
+        if cut.lower is not None and not _is_int(cut.lower, 0):
+            return False
+        if cut.upper is None or isinstance(cut.upper, ast.Constant):
+            return cut.upper is None and _every_count(node.value)
+        return _every_count(node.value)
+    return "num_computed_tokens" in " ".join(_attrs(node)) and isinstance(
+        node, (ast.Attribute, ast.Name)
+    )
 
 
 def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef]]:
