@@ -102,3 +102,31 @@ def test_a_start_plus_a_count_is_a_range_bound_not_a_changed_index() -> None:
     b_s = b[md.spec_token_start : end]
     """
     assert status(site(body, "a_s", "b_s")) is Status.FIXED
+
+
+@pytest.mark.parametrize(
+    "write", ["i[0] = 0", "i += 1", "i.add_(1)", "i.copy_(i.flip(0))", "i[:] = i.flip(0)"]
+)
+def test_an_index_written_in_place_between_the_gathers_is_unknown(write: str) -> None:
+    """q/k/v read the index before the write, the gates after it: their rows differ."""
+    body = f"""\
+    i = md.spec_token_indx
+    x_spec = x.index_select(0, i)
+    {write}
+    a_s = a.index_select(0, i)
+    b_s = b.index_select(0, i)
+    """
+    assert status(site(body, "a_s", "b_s")) is Status.UNKNOWN
+
+
+def test_a_buffer_filled_in_place_keeps_the_index_it_was_read_with() -> None:
+    """Writing into a row tensor (``out[:n] = part``) leaves the index alone."""
+    body = """\
+    i = md.spec_token_indx
+    x_spec = x.index_select(0, i)
+    a_s = a.index_select(0, i)
+    b_s = b.index_select(0, i)
+    buf = x_spec.clone()
+    buf[:2] = x_spec[:2]
+    """
+    assert status(site(body, "a_s", "b_s")) is Status.FIXED

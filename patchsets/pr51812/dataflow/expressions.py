@@ -21,7 +21,14 @@ from ..provenance import (
     join,
 )
 from .model import META, NEVER, TENSOR_ATTRS, CallRecord, Env, Vals
-from .row_order import INDEX_ARITHMETIC, INDEX_KEEPS, TOKEN_INDEX, arithmetic, method_rows
+from .row_order import (
+    INDEX_ARITHMETIC,
+    INDEX_KEEPS,
+    TOKEN_INDEX,
+    arithmetic,
+    method_rows,
+    written,
+)
 from .state import WalkerState
 
 
@@ -362,6 +369,11 @@ class Expressions(WalkerState):
                 # drops them (:mod:`.row_order`), and their token axis but
                 # where it adds or drops a dimension before it.
                 method = func.attr.value
+                if method.endswith("_") and isinstance(func.value, cst.Name):
+                    # ``x.copy_(v)``, ``idx.add_(1)``: ``x`` itself now holds what was written.
+                    name = func.value.value
+                    if name in env:
+                        env[name] = written(env[name])
                 return relayout(method_rows(owner, method, list(node.args)), method, node)
         parts = [vals for _, _, vals in arg_vals]
         short = callee.rsplit(".", 1)[-1] if callee is not None else None

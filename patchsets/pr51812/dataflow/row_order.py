@@ -82,6 +82,13 @@ INDEX_ARITHMETIC = (
 )  # fmt: skip
 
 
+INDEX_AUG = (
+    cst.AddAssign, cst.SubtractAssign, cst.MultiplyAssign, cst.DivideAssign,
+    cst.FloorDivideAssign, cst.ModuloAssign, cst.PowerAssign, cst.LeftShiftAssign,
+    cst.RightShiftAssign, cst.MatrixMultiplyAssign,
+)  # fmt: skip
+
+
 def _literal_ints(node: cst.BaseExpression) -> list[int] | None:
     """``0``, ``-1``, ``(0, 1)``, ``[0]`` as ints; None for anything else."""
     if isinstance(node, cst.Integer):
@@ -160,3 +167,13 @@ def arithmetic(vals: Vals) -> Vals:
     return frozenset(
         Val(v.assume, Prov.CONFLICT, v.defs, v.lead) if v.prov in TOKEN_INDEX else v for v in vals
     )
+
+
+def written(old: Vals) -> Vals:
+    """A token index after an in-place write (``idx[0] = 0``, ``idx.add_(1)``):
+    it holds other entries, so it selects rows nobody can name. (Rows written
+    into stay theirs: a buffer filled piece by piece, as vLLM's CPU spec path
+    fills ``conv_out``, is no reordering the analysis could tell apart.)"""
+    if not any(v.prov in TOKEN_INDEX for v in old):
+        return old
+    return arithmetic(old)

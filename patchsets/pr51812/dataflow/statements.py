@@ -12,6 +12,7 @@ from gdn_backport.cst_nodes import dotted
 from ..provenance import NONE_VAL, NULL_VAL, Assume, Prov, Val, consistent, join
 from .expressions import is_container, sub_exprs
 from .model import NEVER, Env, Terminated, Vals
+from .row_order import INDEX_AUG, arithmetic, written
 from .state import WalkerState
 
 
@@ -93,7 +94,10 @@ class Statements(WalkerState):
                 vals = self.ev(small.value, env)
                 self._bind_target(small.target, small.value, vals, env)
         elif isinstance(small, cst.AugAssign):
-            vals = self._combine([self.ev(small.target, env), self.ev(small.value, env)], join)
+            before = self.ev(small.target, env)
+            if isinstance(small.operator, INDEX_AUG):
+                before = arithmetic(before)  # ``idx += 1``: another index
+            vals = self._combine([before, self.ev(small.value, env)], join)
             if isinstance(small.target, cst.Name):
                 self._assign_vals(env, small.target.value, None, vals)
         elif isinstance(small, cst.Expr):
@@ -168,6 +172,10 @@ class Statements(WalkerState):
         else:
             # ``x[i] = ...`` / ``self.x = ...`` mutate, they bind no local.
             self.ev(target, env)
+            if isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
+                name = target.value.value
+                if name in env:
+                    env[name] = written(env[name])
 
     def _if(self, stmt: cst.If, env: Env) -> None:
         self._stmt = stmt
