@@ -563,8 +563,8 @@ def _names(upstreams: frozenset[str]) -> str:
     """Patchset ids for records' upstreams (the upstream where none claims it)."""
     from gdn_backport import registry
 
-    found = [registry.by_upstream(u) for u in sorted(upstreams)]
-    return ", ".join(p.info.id if p else u for p, u in zip(found, sorted(upstreams), strict=True))
+    ids = ((registry.by_upstream(u), u) for u in sorted(upstreams))
+    return ", ".join(p.info.id if p else u for p, u in ids)
 
 
 def _revert_files(

@@ -245,17 +245,25 @@ class _Flow:
                         if other is not block:
                             yield from other
 
-    def reaching(self, name: str, stmt: ast.stmt) -> ast.stmt | str | None:
-        """The ``name = value`` statement whose value ``name`` holds when
-        ``stmt`` runs; None for a parameter nothing wrote before; else why
-        the analysis cannot tell (another kind of write comes first, a
-        write in a branch, a loop)."""
+    def followed(self, name: str, stmt: ast.stmt) -> list[_Level] | str:
+        """The path to ``stmt``, where ``name`` can be followed to it: else
+        why not (no path, or a write of ``name`` in a loop around it)."""
         path = self.path(stmt)
         if path is None:
             return f"cannot follow {name} to line {stmt.lineno}"
         loop = self.loop(path)
         if loop is not None and _write(loop, name) is not None:
             return f"{name} is written in the loop at line {loop.lineno}"
+        return path
+
+    def reaching(self, name: str, stmt: ast.stmt) -> ast.stmt | str | None:
+        """The ``name = value`` statement whose value ``name`` holds when
+        ``stmt`` runs; None for a parameter nothing wrote before; else why
+        the analysis cannot tell (another kind of write comes first, a
+        write in a branch, a loop)."""
+        path = self.followed(name, stmt)
+        if isinstance(path, str):
+            return path
         for s in self.before(path):
             if _write(s, name) is None:
                 continue
@@ -545,12 +553,9 @@ def _rule_of(
     the ``if ... is not None`` / ``else`` zeros form); and no other use of
     the name anywhere in the function (an alias, a write after, ...)."""
     name = var.id
-    path = flow.path(at)
-    if path is None:
-        return f"cannot follow {name} to line {at.lineno}"
-    loop = flow.loop(path)
-    if loop is not None and _write(loop, name) is not None:
-        return f"{name} is written in the loop at line {loop.lineno}"
+    path = flow.followed(name, at)
+    if isinstance(path, str):
+        return path
     allowed = {id(var)}
     for s in flow.before(path):
         if _write(s, name) is None:

@@ -24,10 +24,10 @@ from .model import META, NEVER, TENSOR_ATTRS, CallRecord, Env, Vals
 from .row_order import (
     INDEX_ARITHMETIC,
     INDEX_KEEPS,
-    TOKEN_INDEX,
-    arithmetic,
+    NUMBERS,
+    index_changed,
     method_rows,
-    written,
+    subscript_rows,
 )
 from .state import WalkerState
 
@@ -52,7 +52,7 @@ class Expressions(WalkerState):
                 return frozenset(
                     Val(v.assume, INVERT.get(v.prov, v.prov), v.defs, v.lead) for v in vals
                 )
-            return arithmetic(vals) if isinstance(node.operator, cst.Minus) else vals
+            return index_changed(vals) if isinstance(node.operator, cst.Minus) else vals
         if (
             isinstance(node, cst.BinaryOperation)
             and isinstance(node.operator, INDEX_ARITHMETIC)
@@ -61,7 +61,10 @@ class Expressions(WalkerState):
             # ``idx + 1``, ``idx * 2`` select other rows than ``idx`` (rows in
             # arithmetic stay rows). A start plus a count (``spec_token_start
             # + m.num_spec_decode_tokens``) is the end of a range, not an index.
-            sides = [arithmetic(self.ev(node.left, env)), arithmetic(self.ev(node.right, env))]
+            sides = [
+                index_changed(self.ev(node.left, env)),
+                index_changed(self.ev(node.right, env)),
+            ]
             return self._combine(sides, join)
         if isinstance(node, cst.IfExp):
             self.ev(node.test, env)
@@ -294,13 +297,7 @@ class Expressions(WalkerState):
             for e in node.slice
         )
         dim = carrying[0] if len(carrying) == 1 and not ellipsis else None
-        base = _cut_rows(base, node.slice)
-        if not all(_whole(e) for e in node.slice) and not _trim(node.slice):
-            # ``idx[:1]``, ``idx[1:]``, ``idx[perm]``: some of the rows it selected.
-            base = frozenset(
-                Val(v.assume, Prov.CONFLICT, v.defs, v.lead) if v.prov in TOKEN_INDEX else v
-                for v in base
-            )
+        base = subscript_rows(base, node.slice)
         # ``x[0]`` of a ``[1, T, H]`` tensor: its ``[T, H]``.
         first = node.slice[0].slice if len(node.slice) == 1 else None
         drops_lead = (
@@ -373,16 +370,16 @@ class Expressions(WalkerState):
                     # ``x.copy_(v)``, ``idx.add_(1)``: ``x`` itself now holds what was written.
                     name = func.value.value
                     if name in env:
-                        env[name] = written(env[name])
+                        env[name] = index_changed(env[name])
                 return relayout(method_rows(owner, method, list(node.args)), method, node)
         parts = [vals for _, _, vals in arg_vals]
-        short = callee.rsplit(".", 1)[-1] if callee is not None else None
         if callee is not None and callee.startswith("torch.") and parts and not starred:
             # ``torch.flip(x, [0])`` as ``x.flip([0])``; ``torch.zeros_like(idx)``
             # is no longer the index.
-            assert short is not None
+            short = callee.rsplit(".", 1)[-1]
             first = method_rows(parts[0], short, list(node.args[1:]))
-            parts = [first, *(arithmetic(p) if short not in INDEX_KEEPS else p for p in parts[1:])]
+            kept = short in INDEX_KEEPS
+            parts = [first, *(p if kept else index_changed(p) for p in parts[1:])]
         out = self._combine(parts, opaque) if parts else frozenset({NONE_VAL})
         if callee is not None and callee.rsplit(".", 1)[-1] in self.leading_one:
             # ``g, beta = fused_gdn_gating(...)``: ``[1, T, H]`` each.
@@ -400,60 +397,6 @@ class Expressions(WalkerState):
 
     def _torch_aliases(self) -> list[str]:
         return [k for k, v in self.imports.items() if v == "torch"]
-
-
-def _whole(element: cst.SubscriptElement) -> bool:
-    """``:``, ``...`` or ``None`` in a subscript: every entry along it."""
-    s = element.slice
-    if isinstance(s, cst.Slice):
-        return s.lower is None and s.upper is None and s.step is None
-    value = s.value if isinstance(s, cst.Index) else None
-    return isinstance(value, cst.Ellipsis) or (
-        isinstance(value, cst.Name) and value.value == "None"
-    )
-
-
-NUMBERS = (cst.Integer, cst.Float)
-
-
-def _trim(elements: Sequence[cst.SubscriptElement]) -> bool:
-    """``idx[:n]`` with ``n`` no literal: the index cut to the step's real
-    tokens (``spec_token_masks[:num_actual_tokens]``), its selection kept."""
-    if len(elements) != 1 or not isinstance(elements[0].slice, cst.Slice):
-        return False
-    s = elements[0].slice
-    return (
-        s.lower is None
-        and s.step is None
-        and s.upper is not None
-        and not isinstance(s.upper, NUMBERS)
-    )
-
-
-def _literal_cut(element: cst.BaseSlice) -> bool:
-    """``1:``, ``2:n``, ``::2``: a cut by a number, which no step's row
-    count is (``x[num_decode_tokens:]``, the prefills after the decodes, and
-    ``x[0:n]`` keep their rows)."""
-    if not isinstance(element, cst.Slice):
-        return False
-    lower, step = element.lower, element.step
-    if isinstance(lower, NUMBERS) and lower.evaluated_value != 0:
-        return True
-    return isinstance(step, NUMBERS) and step.evaluated_value != 1
-
-
-def _cut_rows(base: Vals, elements: Sequence[cst.SubscriptElement]) -> Vals:
-    """Rows cut by a number along their token axis (``a[1:]``, ``a[::2]``):
-    some of them, which nobody can name."""
-    if not any(_literal_cut(e.slice) for e in elements):
-        return base
-    out = set()
-    for v in base:
-        axis = 0 if v.lead is None else v.lead
-        if v.prov.is_rows and axis < len(elements) and _literal_cut(elements[axis].slice):
-            v = Val(v.assume, Prov.CONFLICT, v.defs, v.lead)
-        out.add(v)
-    return frozenset(out)
 
 
 def off_axis(base: Val, dim: int | None) -> bool:

@@ -16,6 +16,8 @@ spec index only through casts, moves and views.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import libcst as cst
 
 from ..provenance import Prov, Val
@@ -155,25 +157,77 @@ def method_rows(vals: Vals, method: str, args: list[cst.Arg]) -> Vals:
                 broken = _touches(_dims(args, position, keyword), v.lead, default)
         if broken:
             changed = True
-            v = Val(v.assume, Prov.CONFLICT, v.defs, v.lead)
+            v = unnamed(v)
         out.add(v)
     return frozenset(out) if changed else vals
 
 
-def arithmetic(vals: Vals) -> Vals:
-    """A token index in arithmetic (``idx + 1``, ``-idx``) selects other rows."""
+def unnamed(v: Val) -> Val:
+    """``v`` holding rows nobody can name."""
+    return Val(v.assume, Prov.CONFLICT, v.defs, v.lead)
+
+
+def index_changed(vals: Vals) -> Vals:
+    """A token index whose entries changed (``idx + 1``, ``-idx``, ``idx[:1]``,
+    ``idx[0] = 0``, ``idx.add_(1)``) selects rows nobody can name."""
     if not any(v.prov in TOKEN_INDEX for v in vals):
         return vals
-    return frozenset(
-        Val(v.assume, Prov.CONFLICT, v.defs, v.lead) if v.prov in TOKEN_INDEX else v for v in vals
+    return frozenset(unnamed(v) if v.prov in TOKEN_INDEX else v for v in vals)
+
+
+NUMBERS = (cst.Integer, cst.Float)
+
+
+def whole(element: cst.SubscriptElement) -> bool:
+    """``:``, ``...`` or ``None`` in a subscript: every entry along it."""
+    s = element.slice
+    if isinstance(s, cst.Slice):
+        return s.lower is None and s.upper is None and s.step is None
+    value = s.value if isinstance(s, cst.Index) else None
+    return isinstance(value, cst.Ellipsis) or (
+        isinstance(value, cst.Name) and value.value == "None"
     )
 
 
-def written(old: Vals) -> Vals:
-    """A token index after an in-place write (``idx[0] = 0``, ``idx.add_(1)``):
-    it holds other entries, so it selects rows nobody can name. (Rows written
-    into stay theirs: a buffer filled piece by piece, as vLLM's CPU spec path
-    fills ``conv_out``, is no reordering the analysis could tell apart.)"""
-    if not any(v.prov in TOKEN_INDEX for v in old):
-        return old
-    return arithmetic(old)
+def trim(elements: Sequence[cst.SubscriptElement]) -> bool:
+    """``idx[:n]`` with ``n`` no literal: the index cut to the step's real
+    tokens (``spec_token_masks[:num_actual_tokens]``), its selection kept."""
+    if len(elements) != 1 or not isinstance(elements[0].slice, cst.Slice):
+        return False
+    s = elements[0].slice
+    return (
+        s.lower is None
+        and s.step is None
+        and s.upper is not None
+        and not isinstance(s.upper, NUMBERS)
+    )
+
+
+def _literal_cut(element: cst.BaseSlice) -> bool:
+    """``1:``, ``2:n``, ``::2``: a cut by a number, which no step's row
+    count is (``x[num_decode_tokens:]``, the prefills after the decodes, and
+    ``x[0:n]`` keep their rows)."""
+    if not isinstance(element, cst.Slice):
+        return False
+    lower, step = element.lower, element.step
+    if isinstance(lower, NUMBERS) and lower.evaluated_value != 0:
+        return True
+    return isinstance(step, NUMBERS) and step.evaluated_value != 1
+
+
+def subscript_rows(base: Vals, elements: Sequence[cst.SubscriptElement]) -> Vals:
+    """``base[elements]`` before its gather: rows cut by a number along their
+    token axis (``a[1:]``, ``a[::2]``), and a token index cut other than
+    to the step's tokens (``idx[:1]``, ``idx[1:]``, ``idx[perm]``), hold
+    rows nobody can name."""
+    if any(_literal_cut(e.slice) for e in elements):
+        out = set()
+        for v in base:
+            axis = 0 if v.lead is None else v.lead
+            if v.prov.is_rows and axis < len(elements) and _literal_cut(elements[axis].slice):
+                v = unnamed(v)
+            out.add(v)
+        base = frozenset(out)
+    if not all(whole(e) for e in elements) and not trim(elements):
+        base = index_changed(base)
+    return base

@@ -12,7 +12,7 @@ from gdn_backport.cst_nodes import dotted
 from ..provenance import NONE_VAL, NULL_VAL, Assume, Prov, Val, consistent, join
 from .expressions import is_container, sub_exprs
 from .model import NEVER, Env, Terminated, Vals
-from .row_order import INDEX_AUG, arithmetic, written
+from .row_order import INDEX_AUG, index_changed
 from .state import WalkerState
 
 
@@ -96,7 +96,7 @@ class Statements(WalkerState):
         elif isinstance(small, cst.AugAssign):
             before = self.ev(small.target, env)
             if isinstance(small.operator, INDEX_AUG):
-                before = arithmetic(before)  # ``idx += 1``: another index
+                before = index_changed(before)  # ``idx += 1``: another index
             vals = self._combine([before, self.ev(small.value, env)], join)
             if isinstance(small.target, cst.Name):
                 self._assign_vals(env, small.target.value, None, vals)
@@ -175,7 +175,7 @@ class Statements(WalkerState):
             if isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
                 name = target.value.value
                 if name in env:
-                    env[name] = written(env[name])
+                    env[name] = index_changed(env[name])
 
     def _if(self, stmt: cst.If, env: Env) -> None:
         self._stmt = stmt
