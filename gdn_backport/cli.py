@@ -946,7 +946,8 @@ def _main(argv: Sequence[str] | None, own: bool) -> int:
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(_legacy_matrix(argv))
-        if own and args.command in _NO_GC:
+        quick = own and args.command in _NO_GC
+        if quick:
             import gc
 
             from gdn_backport import ahead
@@ -955,9 +956,10 @@ def _main(argv: Sequence[str] | None, own: bool) -> int:
             # A command that reads a tree and ends may fork (verify and
             # matrix run models: their threads are not the fork's to copy).
             ahead.allow(True)
-        from gdn_backport import cache
+        from gdn_backport import cache, dataclass_docs
 
-        with cache.run():  # one command: each content analysed once
+        docs = dataclass_docs.skipped() if quick else contextlib.nullcontext()
+        with cache.run(), docs:  # one command: each content analysed once
             code = COMMANDS[args.command](args)
         # What is still buffered is written here, where a failure can be told
         # from the run's verdict (at exit it would become Python's code 120).

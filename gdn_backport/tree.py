@@ -13,7 +13,7 @@ import ast
 import contextlib
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -101,6 +101,7 @@ class Tree:
     _data: dict[Path, bytes] = field(default_factory=dict, repr=False)
     _texts: dict[Path, str] = field(default_factory=dict, repr=False)
     _listings: dict[Path, str] = field(default_factory=dict, repr=False)
+    _kept: dict[tuple[str, Path], bool] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(
@@ -131,6 +132,16 @@ class Tree:
             except OSError as exc:
                 raise UsageError(f"{file}: cannot read ({exc.strerror})") from exc
         return data
+
+    def kept(self, sieve: str, file: Path, keep: Callable[[bytes], bool]) -> bool:
+        """Whether ``keep`` holds for the file's bytes on disk, asked once
+        per run and ``sieve``: a name for the rule and all it depends on (a
+        plan's proof sieves the tree again; the bytes are the run's, read
+        once)."""
+        found = self._kept.get((sieve, file))
+        if found is None:
+            found = self._kept[sieve, file] = keep(self.read(file))
+        return found
 
     def text(self, file: Path) -> str:
         """The file's source text: the overlay's, else decoded once."""

@@ -202,3 +202,32 @@ def test_a_plan_is_unaffected_only_by_files_its_sieves_reject_both_ways(
 
     file = tmp_path / "m.py"
     assert unaffected_by({file: (disk.encode(), rewritten)}) is unaffected
+
+
+def test_the_plan_and_its_proof_sieve_each_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proof reads the tree again: its sieve is the plan's (it sieved
+    every module twice)."""
+    root = prior._tree(tmp_path)
+    prior._write(root, {"vllm/attn/flash.py": OTHER_BACKEND})
+    seen: Counter[bytes] = Counter()
+    real = scan.sieve
+
+    def counted(cfg: Config) -> object:
+        may_hold = real(cfg)
+
+        def each(data: bytes, text: object) -> bool:
+            seen[data] += 1
+            return may_hold(data, text)  # type: ignore[arg-type]
+
+        return each
+
+    monkeypatch.setattr(scan, "sieve", counted)
+    from gdn_backport.patchsets.pr51565 import plan
+
+    result = plan.plan(Tree.of(root), "reclassify", Mode.DRY_RUN)
+    assert result.outcome.refused == [] and result.texts
+    on_disk = sorted(p.read_bytes() for p in root.rglob("*.py"))
+    assert sorted(seen) == on_disk
+    assert set(seen.values()) == {1}

@@ -112,3 +112,23 @@ def test_walk_is_every_python_file_below_path_once(tmp_path: Path) -> None:
     assert sorted(relative(p, root) for p in walk.files) == ["vllm/__init__.py", "vllm/a.py"]
     assert tree.relative(root / "vllm" / "a.py") == "vllm/a.py"
     assert Tree.of(root / "vllm", root=tmp_path).relative(root / "vllm" / "a.py") == "t/vllm/a.py"
+
+
+def test_a_sieve_reads_each_file_once_per_run_and_name(tmp_path: Path) -> None:
+    """A plan's proof sieves the tree again: the verdict is the run's, made
+    once from the run's bytes; another sieve name asks its own rule."""
+    f = tmp_path / "m.py"
+    f.write_text("def build(): pass\n")
+    tree = Tree.of(tmp_path)
+    asked: list[bytes] = []
+
+    def keep(data: bytes) -> bool:
+        asked.append(data)
+        return b"build" in data
+
+    assert tree.kept("a", f, keep) and tree.kept("a", f, keep)
+    assert asked == [b"def build(): pass\n"]
+    f.write_text("x = 1\n")  # a change on disk mid-run is not seen
+    assert tree.kept("a", f, keep) and len(asked) == 1
+    assert not tree.kept("b", f, lambda data: b"x = 1" in data)  # the run's bytes
+    assert Tree.of(tmp_path).kept("a", f, keep) is False  # a new run reads afresh

@@ -86,12 +86,15 @@ def scan_tree_full(
     walked = shared.walk() if shared is not None else files.walk(path)
     index = TreeIndex(root, patchset, overrides)
     modules: list[ModuleInfo] = []
+    # The sieve's name: all its rule reads (``locate.may_hold_site``).
+    sieve = f"{patchset.id}.sieve:" + ",".join(m.decode() for m in locate.markers(patchset))
     for file in walked.files:
         text = (overrides or {}).get(file)
         if text is None and shared is not None:
-            # The bytes read once for the run; the sieve's rule on them whole.
-            data = shared.read(file)
-            text = shared.text(file) if locate.may_hold_site(data, patchset) else None
+            # The bytes read once for the run; the sieve's rule on them whole,
+            # once per run (a plan's proof scans the tree again).
+            kept = shared.kept(sieve, file, lambda data: locate.may_hold_site(data, patchset))
+            text = shared.text(file) if kept else None
         elif text is None:
             _, text = read_source(file, patchset)
         elif not locate.may_hold_site(text.encode("utf-8"), patchset):
