@@ -59,6 +59,21 @@ _state = {"own": False}
 Prepare = Callable[["Feed"], None]
 
 
+# What a forked child runs before it exits: it never returns into the
+# caller's stack, so the caller's finally blocks do not run there.
+_child_exits: list[Callable[[], None]] = []
+
+
+def at_child_exit(fn: Callable[[], None], remove: bool = False) -> None:
+    """Run ``fn`` in a child of :func:`start` before it exits (``remove``:
+    no longer)."""
+    if remove:
+        with contextlib.suppress(ValueError):
+            _child_exits.remove(fn)
+    else:
+        _child_exits.append(fn)
+
+
 def allow(own: bool) -> None:
     """Whether this process runs its own command (``cli.main``)."""
     _state["own"] = own
@@ -337,6 +352,9 @@ def start(
             fh.write(data)
         if not feed_first:
             _feeding(feed, prepare)
+        for exit_fn in _child_exits:
+            with contextlib.suppress(Exception):
+                exit_fn()
     finally:
         os._exit(0)
 

@@ -934,8 +934,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     own = argv is None
     if own:
         _tune_gc()
+    from gdn_backport import dataclass_code
+
+    # The process's own command: its imports' dataclass methods compiled once.
+    code = dataclass_code.cached() if own else contextlib.nullcontext()
     try:
-        return _main(argv, own)
+        with code:
+            return _main(argv, own)
     finally:
         if own:
             _leave_gc()
