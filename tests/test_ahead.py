@@ -266,3 +266,29 @@ def test_the_child_stops_preparing_when_the_parent_is_done() -> None:
     t0 = time.monotonic()
     assert ahead.beside(lambda: 1, lambda: 2, prepare) == (1, (2,))
     assert time.monotonic() - t0 < 20
+
+
+def test_a_child_runs_its_exit_hooks_before_it_exits(tmp_path: Any) -> None:
+    """A child never returns into the caller's stack (no finally of the
+    caller runs there): what must happen at its end is a hook."""
+    done = tmp_path / "done"
+    removed = tmp_path / "removed"
+
+    def hook() -> None:
+        done.write_text(str(os.getpid()))
+
+    def gone() -> None:
+        removed.write_text("ran")
+
+    ahead.at_child_exit(hook)
+    ahead.at_child_exit(gone)
+    ahead.at_child_exit(gone, remove=True)
+    try:
+        child = ahead.start(lambda: os.getpid())
+        assert child is not None
+        got = child.take()
+    finally:
+        ahead.at_child_exit(hook, remove=True)
+    assert got is not None and done.read_text() == str(got[0]) != str(os.getpid())
+    assert not removed.exists()
+    assert ahead._child_exits == []
