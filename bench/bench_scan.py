@@ -4,7 +4,9 @@ Every figure is the median of --repeat fresh processes (``python -m
 gdn_backport ...``, both patchsets), with the peak RSS of the slowest-memory
 one, side by side with the floor, ``grep -rl _forward_core`` over the same
 tree (merely reading it). The page cache is warm for all (one untimed run
-first). Rows:
+first), as are the bytecode and the compiled dataclass methods beside it
+(``gdn_backport.dataclass_code``; the header says how many) where
+``PYTHONDONTWRITEBYTECODE`` is unset. Rows:
 
 - ``--help``;
 - ``scan`` cold (``GDN_BACKPORT_NO_CACHE=1``: every file analysed), beside
@@ -37,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gdn_backport import sources
+from gdn_backport import dataclass_code, sources
 from gdn_backport.report import table
 
 HEAD = ["command", "tree", "median s", "min s", "peak RSS MB", "grep s", "vs grep"]
@@ -195,11 +197,18 @@ def main() -> None:
             times, rss = measure([*py, "scan", str(root)], env, 1, warm=False)
             rows.append(row("scan (cold, no cache)", what, times, rss, floor))
     bytecode = "off" if os.environ.get("PYTHONDONTWRITEBYTECODE") else "on"
+    # The compiled dataclass methods the runs read (gdn_backport.dataclass_code).
+    stored = sum(
+        len(dataclass_code.load(path))
+        for package in ("libcst", "gdn_backport")
+        if (path := dataclass_code.store_path(package)) is not None
+    )
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     text = (
         f"# bench/bench_scan.py --repeat {args.repeat}; {when}; "
         f"{os.cpu_count()} CPUs; load {os.getloadavg()[0]:.1f}; Python {sys.version.split()[0]}; "
-        f"bytecode cache {bytecode}; a 10**7 Python loop {loop_time():.2f} s\n" + table(HEAD, rows)
+        f"bytecode cache {bytecode} (dataclass code: {stored} sources); "
+        f"a 10**7 Python loop {loop_time():.2f} s\n" + table(HEAD, rows)
     )
     print(text)
     if args.out:

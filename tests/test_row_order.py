@@ -130,3 +130,66 @@ def test_a_buffer_filled_in_place_keeps_the_index_it_was_read_with() -> None:
     buf[:2] = x_spec[:2]
     """
     assert status(site(body, "a_s", "b_s")) is Status.FIXED
+
+
+# Writes into a gathered gate (``a_s``) between its gather and the call.
+OVERWRITTEN = [
+    ("slice-all-rows", "a_s[:] = a[: a_s.shape[0]]"),
+    ("copy-all-rows", "a_s.copy_(a[: a_s.shape[0]])"),
+    ("add-all-rows", "a_s.add_(a[: a_s.shape[0]])"),
+    ("non-spec-rows", "a_s[:] = a.index_select(0, md.non_spec_token_indx)"),
+    ("copy-non-spec-rows", "a_s.copy_(a.index_select(0, md.non_spec_token_indx))"),
+]
+
+
+@pytest.mark.parametrize("write", [w for _, w in OVERWRITTEN], ids=[n for n, _ in OVERWRITTEN])
+def test_a_gate_written_with_other_rows_is_unknown(write: str) -> None:
+    """The gate the kernel reads then mixes its spec rows with rows of
+    another named selection: not the rows q/k/v hold (never ``fixed``, and
+    never gathered again by ``apply``). Rows nobody can name written in are
+    not judged (a buffer filled from slices of its own rows looks the same:
+    ``test_a_buffer_filled_from_slices_of_its_own_rows_keeps_them``)."""
+    body = f"""\
+    x_spec = x.index_select(0, md.spec_token_indx)
+    a_s = a.index_select(0, md.spec_token_indx)
+    {write}
+    b_s = b.index_select(0, md.spec_token_indx)
+    """
+    assert status(site(body, "a_s", "b_s"), {"torch": "torch"}) is Status.UNKNOWN
+
+
+KEPT_WRITES = [
+    ("scaled", "a_s[:] = a_s * 2"),
+    ("masked-constant", "a_s[a_s > 0] = 0.0"),
+    ("masked-fill", "a_s.masked_fill_(a_s > 0, 0.0)"),
+    ("weights", "a_s.mul_(self.A_log)"),
+    ("same-rows", "a_s.copy_(a.index_select(0, md.spec_token_indx).float())"),
+]
+
+
+@pytest.mark.parametrize("write", [w for _, w in KEPT_WRITES], ids=[n for n, _ in KEPT_WRITES])
+def test_a_gate_written_with_its_own_rows_or_no_rows_keeps_them(write: str) -> None:
+    body = f"""\
+    x_spec = x.index_select(0, md.spec_token_indx)
+    a_s = a.index_select(0, md.spec_token_indx)
+    {write}
+    b_s = b.index_select(0, md.spec_token_indx)
+    """
+    assert status(site(body, "a_s", "b_s"), {"torch": "torch"}) is Status.FIXED
+
+
+def test_a_buffer_filled_from_slices_of_its_own_rows_keeps_them() -> None:
+    """vLLM's CPU spec path (0.27+): ``out = torch.empty_like(x_spec)``, then
+    ``out[start : start + n] = f(x_spec[start : start + n])`` per sequence."""
+    body = """\
+    x_spec = x.index_select(0, md.spec_token_indx)
+    a_s = a.index_select(0, md.spec_token_indx)
+    b_s = b.index_select(0, md.spec_token_indx)
+    out = torch.empty_like(x_spec)
+    for i in range(md.num_spec_decodes):
+        start = int(md.spec_query_start_loc[i].item())
+        n = int(md.seq_lens[i].item())
+        out[start : start + n] = x_spec[start : start + n] * 2
+    x_spec = out
+    """
+    assert status(site(body, "a_s", "b_s"), {"torch": "torch"}) is Status.FIXED

@@ -27,6 +27,7 @@ from .row_order import (
     NUMBERS,
     index_changed,
     method_rows,
+    overwritten,
     subscript_rows,
 )
 from .state import WalkerState
@@ -370,7 +371,7 @@ class Expressions(WalkerState):
                     # ``x.copy_(v)``, ``idx.add_(1)``: ``x`` itself now holds what was written.
                     name = func.value.value
                     if name in env:
-                        env[name] = index_changed(env[name])
+                        env[name] = overwritten(env[name], [vals for _, _, vals in arg_vals])
                 return relayout(method_rows(owner, method, list(node.args)), method, node)
         parts = [vals for _, _, vals in arg_vals]
         if callee is not None and callee.startswith("torch.") and parts and not starred:

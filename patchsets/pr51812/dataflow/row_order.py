@@ -16,7 +16,7 @@ spec index only through casts, moves and views.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import libcst as cst
 
@@ -165,6 +165,29 @@ def method_rows(vals: Vals, method: str, args: list[cst.Arg]) -> Vals:
 def unnamed(v: Val) -> Val:
     """``v`` holding rows nobody can name."""
     return Val(v.assume, Prov.CONFLICT, v.defs, v.lead)
+
+
+# The rows a gather selects (as opposed to every row of the step).
+GATHERED_ROWS = frozenset({Prov.SPEC, Prov.NONSPEC})
+
+
+def overwritten(held: Vals, written: Iterable[Vals]) -> Vals:
+    """A name after a write into it (``x[...] = y``, ``x.copy_(y)``,
+    ``x.add_(y)``): a token index is another index, and gathered rows (the
+    spec or the non-spec rows) written over with rows that can only be of
+    another named selection (every row, the other selection) are a mix
+    nobody can name. Kept: writes of what holds no rows (a constant,
+    weights, a mask) or may hold the same rows; rows nobody can name (a
+    buffer filled sequence by sequence from slices of its own rows, vLLM's
+    CPU spec path, writes such slices); every row's buffer written (the
+    output scattered back by the spec index, ``out.index_copy_(0, idx, y)``)."""
+    held = index_changed(held)
+    rows = {w.prov for vals in written for w in vals if w.prov.is_rows}
+    if not rows:
+        return held
+    return frozenset(
+        unnamed(v) if v.prov in GATHERED_ROWS and v.prov not in rows else v for v in held
+    )
 
 
 def index_changed(vals: Vals) -> Vals:

@@ -12,7 +12,7 @@ from gdn_backport.cst_nodes import dotted
 from ..provenance import NONE_VAL, NULL_VAL, Assume, Prov, Val, consistent, join
 from .expressions import is_container, sub_exprs
 from .model import NEVER, Env, Terminated, Vals
-from .row_order import INDEX_AUG, index_changed
+from .row_order import INDEX_AUG, index_changed, overwritten
 from .state import WalkerState
 
 
@@ -175,7 +175,7 @@ class Statements(WalkerState):
             if isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
                 name = target.value.value
                 if name in env:
-                    env[name] = index_changed(env[name])
+                    env[name] = overwritten(env[name], [vals])
 
     def _if(self, stmt: cst.If, env: Env) -> None:
         self._stmt = stmt
