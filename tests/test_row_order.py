@@ -5,8 +5,11 @@ the padding trim keep the rows (and the verdict)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from gdn_backport.cli import main
 from gdn_backport.site import Status
 from tests.test_analysis import site, status
 
@@ -193,3 +196,73 @@ def test_a_buffer_filled_from_slices_of_its_own_rows_keeps_them() -> None:
     x_spec = out
     """
     assert status(site(body, "a_s", "b_s"), {"torch": "torch"}) is Status.FIXED
+
+
+# A gate's token axis indexed by a value the analysis cannot name: not the
+# rows of the step in order (``apply`` would gather them again: wrong rows),
+# nor the spec rows once gathered.
+PICKED = [
+    ("metadata-index", "a_s = a[md.perm]"),
+    ("local-permutation", "perm = torch.randperm(a.shape[0])\na_s = a[perm]"),
+    ("one-row", "a_s = a[md.row]"),
+    ("two-dims", "a_s = a[md.perm, :]"),
+    ("picked-then-gathered", "a_s = a[md.perm].index_select(0, md.spec_token_indx)"),
+    ("in-the-call", "a_s = a[md.perm]\na_s = a_s.float()"),
+]
+
+
+@pytest.mark.parametrize("pick", [p for _, p in PICKED], ids=[n for n, _ in PICKED])
+def test_a_gate_picked_by_an_unknown_index_is_unknown_never_patched(pick: str) -> None:
+    body = "\n".join(
+        ["x_spec = x.index_select(0, md.spec_token_indx)", pick, "b_s = b.index_select(0, b_index)"]
+    ).replace("b_index", "md.spec_token_indx")
+    assert status(site(body + "\n", "a_s", "b_s"), {"torch": "torch"}) is Status.UNKNOWN
+
+
+PICKS_KEPT = [
+    ("heads", "a_s = a.index_select(0, md.spec_token_indx)[:, md.head]"),
+    ("lead-dropped", "a_s = a.index_select(0, md.spec_token_indx)[None][0]"),
+    ("padding-trim", "a_s = a[: md.num_actual_tokens].index_select(0, md.spec_token_indx)"),
+    ("ellipsis", "a_s = a.index_select(0, md.spec_token_indx)[..., md.head]"),
+]
+
+
+@pytest.mark.parametrize("pick", [p for _, p in PICKS_KEPT], ids=[n for n, _ in PICKS_KEPT])
+def test_a_gate_indexed_off_its_token_axis_keeps_its_rows(pick: str) -> None:
+    body = f"""\
+    x_spec = x.index_select(0, md.spec_token_indx)
+    {pick}
+    b_s = b.index_select(0, md.spec_token_indx)
+    """
+    assert status(site(body, "a_s", "b_s"), {"torch": "torch"}) is Status.FIXED
+
+
+def test_a_dict_looked_up_beside_the_call_changes_nothing() -> None:
+    """``slot_mapping[layer_name]`` indexes an entry parameter the analysis
+    takes for rows: only a gate that came through such a pick is judged."""
+    body = """\
+    slots = md.slot_mapping[self.layer_name]
+    x_spec = x.index_select(0, md.spec_token_indx)
+    a_s = a.index_select(0, md.spec_token_indx)
+    b_s = b.index_select(0, md.spec_token_indx)
+    """
+    assert status(site(body, "a_s", "b_s"), {"torch": "torch"}) is Status.FIXED
+    raw = site("x_spec = x.index_select(0, md.spec_token_indx)\nmd.slot_mapping[self.n]\n")
+    assert status(raw) is Status.AFFECTED
+
+
+def test_apply_refuses_a_gate_picked_by_an_unknown_index_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """Before: ``affected``, and apply gathered ``a[md.perm]`` again by the
+    spec index (``a_s.index_select(0, md.spec_token_indx)``): a wrong patch."""
+    body = "x_spec = x.index_select(0, md.spec_token_indx)\na_s = a[md.perm]\n"
+    func = site(body + "b_s = b.index_select(0, md.spec_token_indx)\n", "a_s", "b_s")
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    layer = tmp_path / "vllm" / "layer.py"
+    text = "from vllm.ops import fused_sigmoid_gating_delta_rule_update\n\n\n" + func
+    layer.write_text(text)
+    assert main(["apply", str(tmp_path)]) == 2
+    assert layer.read_text() == text
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["__init__.py", "layer.py", "vllm"]

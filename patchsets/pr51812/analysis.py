@@ -352,6 +352,26 @@ def _missing_helpers(flow: Flow, call: SpecCall) -> str:
     return "; " + "; ".join(notes) if notes else ""
 
 
+def _picked_gates(flow: Flow, call: SpecCall) -> None:
+    """A spec call whose gate came through rows picked by an index the
+    analysis cannot name (``a_s = a[perm]``: flow.unnamed_picks) is unknown:
+    not every row in batch order (``apply`` would gather the picked rows
+    again by the spec index) nor the spec rows (picked first, then gathered)."""
+    for gate in call.gates:
+        values = [flow.defs[i].value for v in _live(gate.vals, call.record.path) for i in v.defs]
+        values.append(gate.arg.value)
+        for node in flow.unnamed_picks:
+            if any(value is not None and any(n is node for n in walk(value)) for value in values):
+                call.status = Status.UNKNOWN
+                name = call.kernel.name if call.kernel is not None else call.record.callee
+                call.reason = (
+                    f"{name}: gate {gate.param}={code(gate.arg.value)} "
+                    f"has rows picked by `{code(node)}`, an index the analysis cannot name: "
+                    "neither every row in order nor the spec rows"
+                )
+                return
+
+
 def _off_axis(flow: Flow, call: SpecCall) -> str:
     """Why a gate's rows are unknown where it was selected by a token index
     along another axis than its tokens' (``[T, H]`` by dim 1, ``[1, T, H]``
@@ -568,6 +588,8 @@ def classify(flow: Flow, patchset: Patchset) -> Walk:
         if isinstance(found, str):
             ledger.append((record, found))
             continue
+        if found.status in (Status.AFFECTED, Status.FIXED) and flow.unnamed_picks:
+            _picked_gates(flow, found)
         if found.status is Status.UNKNOWN and flow.off_axis:
             found.reason += _off_axis(flow, found)
         if found.status is Status.UNKNOWN:

@@ -29,6 +29,7 @@ from .row_order import (
     method_rows,
     overwritten,
     subscript_rows,
+    unnamed_pick,
 )
 from .state import WalkerState
 
@@ -298,6 +299,8 @@ class Expressions(WalkerState):
             for e in node.slice
         )
         dim = carrying[0] if len(carrying) == 1 and not ellipsis else None
+        if unnamed_pick(base, node.slice, elements):
+            self.flow.unnamed_picks.append(node)
         base = subscript_rows(base, node.slice)
         # ``x[0]`` of a ``[1, T, H]`` tensor: its ``[T, H]``.
         first = node.slice[0].slice if len(node.slice) == 1 else None

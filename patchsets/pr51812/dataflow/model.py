@@ -126,6 +126,11 @@ class Flow:
     # Selections by a token index along another axis than the tokens' (the
     # expression, its dim or None, the token axis of what it selected from).
     off_axis: list[tuple[cst.BaseExpression, int | None, int | None]] = field(default_factory=list)
+    # Row tensors indexed along their token axis by a value the analysis
+    # cannot name (``a[perm]``, ``a[md.row]``, also a dict's ``d[key]``):
+    # their rows are kept (a dict lookup looks the same), but a spec call's
+    # gate that came through one is judged unknown (``analysis``).
+    unnamed_picks: list[cst.Subscript] = field(default_factory=list)
     # Environment right after each simple statement line, keyed by (frame,
     # id(statement)): the rewriter checks that an inserted line sees the
     # values the call sees.

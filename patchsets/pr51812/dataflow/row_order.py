@@ -238,6 +238,32 @@ def _literal_cut(element: cst.BaseSlice) -> bool:
     return isinstance(step, NUMBERS) and step.evaluated_value != 1
 
 
+def unnamed_pick(
+    base: Vals, elements: Sequence[cst.SubscriptElement], picks: Sequence[Vals]
+) -> bool:
+    """``base[elements]`` indexes rows along their token axis by a value the
+    analysis cannot name: no slice, no literal (``x[0]`` takes a ``[1, T,
+    H]`` tensor's lead away), no ``None`` or ``...``, and no index it knows
+    (``a[perm]``, ``a[md.row]``; a dict's ``d[key]`` looks the same)."""
+    for v in base:
+        axis = 0 if v.lead is None else v.lead
+        if not v.prov.is_rows or axis >= len(elements):
+            continue
+        s = elements[axis].slice
+        if not isinstance(s, cst.Index):
+            continue
+        value = s.value
+        if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
+            value = value.expression
+        if isinstance(value, (cst.Integer, cst.Ellipsis)) or (
+            isinstance(value, cst.Name) and value.value in ("None", "True", "False")
+        ):
+            continue
+        if all(p.prov in (Prov.NONE, Prov.NULL) for p in picks[axis]):
+            return True
+    return False
+
+
 def subscript_rows(base: Vals, elements: Sequence[cst.SubscriptElement]) -> Vals:
     """``base[elements]`` before its gather: rows cut by a number along their
     token axis (``a[1:]``, ``a[::2]``), and a token index cut other than
