@@ -222,7 +222,6 @@ def test_a_gate_picked_by_an_unknown_index_is_unknown_never_patched(pick: str) -
 PICKS_KEPT = [
     ("heads", "a_s = a.index_select(0, md.spec_token_indx)[:, md.head]"),
     ("lead-dropped", "a_s = a.index_select(0, md.spec_token_indx)[None][0]"),
-    ("padding-trim", "a_s = a[: md.num_actual_tokens].index_select(0, md.spec_token_indx)"),
     ("ellipsis", "a_s = a.index_select(0, md.spec_token_indx)[..., md.head]"),
 ]
 
@@ -251,12 +250,14 @@ def test_a_dict_looked_up_beside_the_call_changes_nothing() -> None:
     assert status(raw) is Status.AFFECTED
 
 
-def test_apply_refuses_a_gate_picked_by_an_unknown_index_and_writes_nothing(
-    tmp_path: Path,
+@pytest.mark.parametrize("gate", ["a[md.perm]", "a[: md.num_spec_decode_tokens]"])
+def test_apply_refuses_a_gate_it_cannot_vouch_for_and_writes_nothing(
+    tmp_path: Path, gate: str
 ) -> None:
-    """Before: ``affected``, and apply gathered ``a[md.perm]`` again by the
-    spec index (``a_s.index_select(0, md.spec_token_indx)``): a wrong patch."""
-    body = "x_spec = x.index_select(0, md.spec_token_indx)\na_s = a[md.perm]\n"
+    """Before: ``affected``, and apply gathered the picked or cut rows again
+    by the spec index (``a_s.index_select(0, md.spec_token_indx)``): a wrong
+    patch."""
+    body = f"x_spec = x.index_select(0, md.spec_token_indx)\na_s = {gate}\n"
     func = site(body + "b_s = b.index_select(0, md.spec_token_indx)\n", "a_s", "b_s")
     (tmp_path / "vllm").mkdir()
     (tmp_path / "vllm" / "__init__.py").write_text("")
@@ -266,3 +267,38 @@ def test_apply_refuses_a_gate_picked_by_an_unknown_index_and_writes_nothing(
     assert main(["apply", str(tmp_path)]) == 2
     assert layer.read_text() == text
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["__init__.py", "layer.py", "vllm"]
+
+
+# A gate cut to a prefix by a count (``x[:n]``, read as the padding trim)
+# that q/k/v were not cut by: a prefix of some rows, not every real token.
+CUT = [
+    ("spec-count", "n = md.num_spec_decode_tokens\na_s = a[:n]"),
+    ("decode-count", "a_s = a[: md.num_decode_tokens]"),
+    ("cut-then-gathered", "a_s = a[: md.num_decodes].index_select(0, md.spec_token_indx)"),
+]
+
+
+@pytest.mark.parametrize("cut", [c for _, c in CUT], ids=[n for n, _ in CUT])
+def test_a_gate_cut_by_a_count_q_k_v_were_not_cut_by_is_unknown(cut: str) -> None:
+    body = "\n".join(
+        ["x_spec = x.index_select(0, md.spec_token_indx)", cut, "b_s = b.index_select(0, b_index)"]
+    ).replace("b_index", "md.spec_token_indx")
+    assert status(site(body + "\n", "a_s", "b_s"), {"torch": "torch"}) is Status.UNKNOWN
+
+
+def test_the_padding_trim_of_q_k_v_and_the_gates_keeps_the_verdicts() -> None:
+    """vLLM's ``mixed_qkv = mixed_qkv[:num_actual_tokens]`` beside ``a = a[:...]``
+    (every release): one count cuts both, so the gates are every real row."""
+    trim = [
+        "n = md.num_actual_tokens",
+        "x = x[:n]",
+        "a = a[:n]",
+        "b = b[:n]",
+        "x_spec = x.index_select(0, md.spec_token_indx)",
+    ]
+    assert status(site("\n".join(trim) + "\n")) is Status.AFFECTED
+    gathers = [
+        "a_s = a.index_select(0, md.spec_token_indx)",
+        "b_s = b.index_select(0, md.spec_token_indx)",
+    ]
+    assert status(site("\n".join(trim + gathers) + "\n", "a_s", "b_s")) is Status.FIXED

@@ -39,7 +39,7 @@ from gdn_backport.site import ORDER, Status
 
 from .config import KernelSpec, Patchset
 from .dataflow import TENSOR_ATTRS, CallRecord, Flow, FlowWalker, Frame, Resolver, Scope, Vals
-from .provenance import GATHERED, NONE_VAL, Prov, Val, consistent
+from .provenance import GATHERED, NONE_VAL, Assume, Prov, Val, consistent
 
 _BUILTINS = frozenset(dir(builtins))
 
@@ -352,24 +352,50 @@ def _missing_helpers(flow: Flow, call: SpecCall) -> str:
     return "; " + "; ".join(notes) if notes else ""
 
 
-def _picked_gates(flow: Flow, call: SpecCall) -> None:
-    """A spec call whose gate came through rows picked by an index the
-    analysis cannot name (``a_s = a[perm]``: flow.unnamed_picks) is unknown:
-    not every row in batch order (``apply`` would gather the picked rows
-    again by the spec index) nor the spec rows (picked first, then gathered)."""
+def _lineage(
+    flow: Flow, vals: Vals, path: Assume, arg: cst.BaseExpression | None
+) -> list[cst.BaseExpression]:
+    """The expressions a value was computed by: its definitions' and ``arg``."""
+    values = [flow.defs[i].value for v in _live(vals, path) for i in v.defs]
+    return [v for v in [*values, arg] if v is not None]
+
+
+def _holds(values: list[cst.BaseExpression], node: cst.CSTNode) -> bool:
+    return any(any(n is node for n in walk(value)) for value in values)
+
+
+def _untrusted_gates(flow: Flow, call: SpecCall) -> None:
+    """A spec call is unknown where a gate came through rows the analysis
+    kept but cannot vouch for: rows picked by an index it cannot name
+    (``a_s = a[perm]``: flow.unnamed_picks), or a prefix cut by a count q/k/v
+    were not cut by (``a_s = a[:num_spec_decode_tokens]``: flow.cuts, read
+    as the padding trim). Before, ``apply`` gathered those rows again by the
+    spec index: a wrong patch."""
+    path = call.record.path
+    name = call.kernel.name if call.kernel is not None else call.record.callee
+    q_values = [e for vals in call.rows.values() for e in _lineage(flow, vals, path, None)]
+    q_counts = {count for node, count in flow.cuts if _holds(q_values, node)}
     for gate in call.gates:
-        values = [flow.defs[i].value for v in _live(gate.vals, call.record.path) for i in v.defs]
-        values.append(gate.arg.value)
+        values = _lineage(flow, gate.vals, path, gate.arg.value)
+        written = f"gate {gate.param}={code(gate.arg.value)}"
+        why = None
         for node in flow.unnamed_picks:
-            if any(value is not None and any(n is node for n in walk(value)) for value in values):
-                call.status = Status.UNKNOWN
-                name = call.kernel.name if call.kernel is not None else call.record.callee
-                call.reason = (
-                    f"{name}: gate {gate.param}={code(gate.arg.value)} "
-                    f"has rows picked by `{code(node)}`, an index the analysis cannot name: "
-                    "neither every row in order nor the spec rows"
+            if _holds(values, node):
+                why = (
+                    f"{written} has rows picked by `{code(node)}`, an index the analysis "
+                    "cannot name: neither every row in order nor the spec rows"
                 )
-                return
+                break
+        for node, count in flow.cuts if why is None else ():
+            if count not in q_counts and _holds(values, node):
+                why = (
+                    f"{written} has rows cut by `{code(node)}`, a count q/k/v are not cut "
+                    "by: not every row of the step (a prefix of the spec or decode rows?)"
+                )
+                break
+        if why is not None:
+            call.status, call.reason = Status.UNKNOWN, f"{name}: {why}"
+            return
 
 
 def _off_axis(flow: Flow, call: SpecCall) -> str:
@@ -588,8 +614,8 @@ def classify(flow: Flow, patchset: Patchset) -> Walk:
         if isinstance(found, str):
             ledger.append((record, found))
             continue
-        if found.status in (Status.AFFECTED, Status.FIXED) and flow.unnamed_picks:
-            _picked_gates(flow, found)
+        if found.status in (Status.AFFECTED, Status.FIXED) and (flow.unnamed_picks or flow.cuts):
+            _untrusted_gates(flow, found)
         if found.status is Status.UNKNOWN and flow.off_axis:
             found.reason += _off_axis(flow, found)
         if found.status is Status.UNKNOWN:

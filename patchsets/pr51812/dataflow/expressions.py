@@ -29,6 +29,7 @@ from .row_order import (
     method_rows,
     overwritten,
     subscript_rows,
+    trim,
     unnamed_pick,
 )
 from .state import WalkerState
@@ -301,6 +302,10 @@ class Expressions(WalkerState):
         dim = carrying[0] if len(carrying) == 1 and not ellipsis else None
         if unnamed_pick(base, node.slice, elements):
             self.flow.unnamed_picks.append(node)
+        if trim(node.slice) and any(v.prov.is_rows for v in base):
+            bound = node.slice[0].slice
+            assert isinstance(bound, cst.Slice) and bound.upper is not None
+            self.flow.cuts.append((node, self._canon(bound.upper, env)))
         base = subscript_rows(base, node.slice)
         # ``x[0]`` of a ``[1, T, H]`` tensor: its ``[T, H]``.
         first = node.slice[0].slice if len(node.slice) == 1 else None
