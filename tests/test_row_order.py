@@ -275,6 +275,7 @@ CUT = [
     ("spec-count", "n = md.num_spec_decode_tokens\na_s = a[:n]"),
     ("decode-count", "a_s = a[: md.num_decode_tokens]"),
     ("cut-then-gathered", "a_s = a[: md.num_decodes].index_select(0, md.spec_token_indx)"),
+    ("identity-prefix", "a_s = a.index_select(0, torch.arange(md.num_spec_decode_tokens))"),
 ]
 
 

@@ -368,9 +368,10 @@ def _untrusted_gates(flow: Flow, call: SpecCall) -> None:
     """A spec call is unknown where a gate came through rows the analysis
     kept but cannot vouch for: rows picked by an index it cannot name
     (``a_s = a[perm]``: flow.unnamed_picks), or a prefix cut by a count q/k/v
-    were not cut by (``a_s = a[:num_spec_decode_tokens]``: flow.cuts, read
-    as the padding trim). Before, ``apply`` gathered those rows again by the
-    spec index: a wrong patch."""
+    did not come through (``a_s = a[:num_spec_decode_tokens]``,
+    ``index_select(0, torch.arange(n))``: flow.cuts, read as every row).
+    Before, ``apply`` gathered those rows again by the spec index: a wrong
+    patch."""
     path = call.record.path
     name = call.kernel.name if call.kernel is not None else call.record.callee
     q_values = [e for vals in call.rows.values() for e in _lineage(flow, vals, path, None)]
@@ -379,18 +380,18 @@ def _untrusted_gates(flow: Flow, call: SpecCall) -> None:
         values = _lineage(flow, gate.vals, path, gate.arg.value)
         written = f"gate {gate.param}={code(gate.arg.value)}"
         why = None
-        for node in flow.unnamed_picks:
-            if _holds(values, node):
+        for pick in flow.unnamed_picks:
+            if _holds(values, pick):
                 why = (
-                    f"{written} has rows picked by `{code(node)}`, an index the analysis "
+                    f"{written} has rows picked by `{code(pick)}`, an index the analysis "
                     "cannot name: neither every row in order nor the spec rows"
                 )
                 break
         for node, count in flow.cuts if why is None else ():
             if count not in q_counts and _holds(values, node):
                 why = (
-                    f"{written} has rows cut by `{code(node)}`, a count q/k/v are not cut "
-                    "by: not every row of the step (a prefix of the spec or decode rows?)"
+                    f"{written} has rows cut by `{code(node)}`, a count q/k/v did not come "
+                    "through: not every row of the step (a prefix of the spec or decode rows?)"
                 )
                 break
         if why is not None:

@@ -359,6 +359,9 @@ class Expressions(WalkerState):
         if callee is not None and is_arange(callee):
             # An identity index: ``x.index_select(0, torch.arange(n))`` keeps
             # every row (a prefix, read as the kernel reads its first rows).
+            if node.args:
+                count = node.args[0].value if len(node.args) == 1 else node
+                self.flow.cuts.append((node, self._canon(count, env)))
             return frozenset({Val(NO_ASSUME, Prov.IDX_ALL)})
         followed = self._follow(record, func, name, callee, env)
         if followed is not None:

@@ -132,10 +132,11 @@ class Flow:
     # gate that came through one is judged unknown (``analysis``).
     unnamed_picks: list[cst.Subscript] = field(default_factory=list)
     # Row tensors cut to a prefix by a count that is no literal (``x[:n]``),
-    # with the count's canonical name: read as the padding trim (every real
-    # token, ``[:num_actual_tokens]``), which a spec call's gate may be only
-    # where q/k/v were cut by the same count (``analysis``).
-    cuts: list[tuple[cst.Subscript, str]] = field(default_factory=list)
+    # and identity indices (``torch.arange(n)``), with the count's canonical
+    # name: read as every real token (the padding trim, ``[:num_actual_tokens]``),
+    # which a spec call's gate may hold only where q/k/v came through the
+    # same count (``analysis``).
+    cuts: list[tuple[cst.BaseExpression, str]] = field(default_factory=list)
     # Environment right after each simple statement line, keyed by (frame,
     # id(statement)): the rewriter checks that an inserted line sees the
     # values the call sees.
