@@ -303,3 +303,47 @@ def test_the_padding_trim_of_q_k_v_and_the_gates_keeps_the_verdicts() -> None:
         "b_s = b.index_select(0, md.spec_token_indx)",
     ]
     assert status(site("\n".join(trim + gathers) + "\n", "a_s", "b_s")) is Status.FIXED
+
+
+# The gates' index shifted by a count the q/k/v index was not (or the
+# reverse): other rows than q/k/v's. One shift for both keeps the verdict.
+SHIFTED = [
+    (
+        "gate-shifted",
+        "x_spec = x.index_select(0, md.spec_token_indx)",
+        "md.spec_token_indx + md.off",
+    ),
+    ("q-shifted", "x_spec = x.index_select(0, md.spec_token_indx - md.off)", "md.spec_token_indx"),
+    (
+        "other-shift",
+        "x_spec = x.index_select(0, md.spec_token_indx - md.off)",
+        "md.spec_token_indx - md.other",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("q", "index"), [(q, i) for _, q, i in SHIFTED], ids=[n for n, _, _ in SHIFTED]
+)
+def test_gates_gathered_by_an_index_shifted_otherwise_than_q_k_v_are_unknown(
+    q: str, index: str
+) -> None:
+    body = "\n".join([q, f"a_s = a.index_select(0, {index})", f"b_s = b.index_select(0, {index})"])
+    assert status(site(body + "\n", "a_s", "b_s")) is Status.UNKNOWN
+
+
+def test_one_shift_for_q_k_v_and_the_gates_keeps_the_verdict() -> None:
+    """A fork's local index (``spec_token_indx - shard_start``) used alike."""
+    body = """\
+    i = md.spec_token_indx - md.shard_start
+    x_spec = x.index_select(0, i)
+    a_s = a.index_select(0, i)
+    b_s = b.index_select(0, i)
+    """
+    assert status(site(body, "a_s", "b_s")) is Status.FIXED
+
+
+def test_raw_gates_beside_a_shifted_q_k_v_index_are_affected() -> None:
+    """The rewrite gathers raw gates by q/k/v's own index, shift and all."""
+    body = "x_spec = x.index_select(0, md.spec_token_indx - md.shard_start)\n"
+    assert status(site(body)) is Status.AFFECTED

@@ -369,13 +369,16 @@ def _untrusted_gates(flow: Flow, call: SpecCall) -> None:
     kept but cannot vouch for: rows picked by an index it cannot name
     (``a_s = a[perm]``: flow.unnamed_picks), or a prefix cut by a count q/k/v
     did not come through (``a_s = a[:num_spec_decode_tokens]``,
-    ``index_select(0, torch.arange(n))``: flow.cuts, read as every row).
-    Before, ``apply`` gathered those rows again by the spec index: a wrong
-    patch."""
+    ``index_select(0, torch.arange(n))``: flow.cuts, read as every row),
+    and a gate whose index arithmetic differs from q/k/v's (``idx + off``
+    for one of them: flow.shifts, kept as the index). Before, ``apply``
+    gathered picked or cut rows again by the spec index: a wrong patch;
+    shifted ones read ``fixed``."""
     path = call.record.path
     name = call.kernel.name if call.kernel is not None else call.record.callee
     q_values = [e for vals in call.rows.values() for e in _lineage(flow, vals, path, None)]
     q_counts = {count for node, count in flow.cuts if _holds(q_values, node)}
+    q_shifts = {shift for node, shift in flow.shifts if _holds(q_values, node)}
     for gate in call.gates:
         values = _lineage(flow, gate.vals, path, gate.arg.value)
         written = f"gate {gate.param}={code(gate.arg.value)}"
@@ -394,6 +397,16 @@ def _untrusted_gates(flow: Flow, call: SpecCall) -> None:
                     "through: not every row of the step (a prefix of the spec or decode rows?)"
                 )
                 break
+        shifts = {shift for node, shift in flow.shifts if _holds(values, node)}
+        # Raw gates (affected) carry no index: the rewrite gathers them by
+        # q/k/v's own.
+        if why is None and call.status is Status.FIXED and shifts != q_shifts:
+            mine = ", ".join(f"`{code(n)}`" for n, c in flow.shifts if c in shifts - q_shifts)
+            theirs = ", ".join(f"`{code(n)}`" for n, c in flow.shifts if c in q_shifts - shifts)
+            why = (
+                f"{written} and q/k/v come through different index arithmetic "
+                f"({mine or 'none'} against {theirs or 'none'}): not the same rows"
+            )
         if why is not None:
             call.status, call.reason = Status.UNKNOWN, f"{name}: {why}"
             return
@@ -615,7 +628,9 @@ def classify(flow: Flow, patchset: Patchset) -> Walk:
         if isinstance(found, str):
             ledger.append((record, found))
             continue
-        if found.status in (Status.AFFECTED, Status.FIXED) and (flow.unnamed_picks or flow.cuts):
+        if found.status in (Status.AFFECTED, Status.FIXED) and (
+            flow.unnamed_picks or flow.cuts or flow.shifts
+        ):
             _untrusted_gates(flow, found)
         if found.status is Status.UNKNOWN and flow.off_axis:
             found.reason += _off_axis(flow, found)

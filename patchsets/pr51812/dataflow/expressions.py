@@ -25,6 +25,7 @@ from .row_order import (
     INDEX_ARITHMETIC,
     INDEX_KEEPS,
     NUMBERS,
+    TOKEN_INDEX,
     index_changed,
     method_rows,
     overwritten,
@@ -68,6 +69,11 @@ class Expressions(WalkerState):
                 index_changed(self.ev(node.left, env)),
                 index_changed(self.ev(node.right, env)),
             ]
+            return self._combine(sides, join)
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, INDEX_ARITHMETIC):
+            sides = [self.ev(node.left, env), self.ev(node.right, env)]
+            if any(v.prov in TOKEN_INDEX for vals in sides for v in vals):
+                self.flow.shifts.append((node, self._canon(node, env)))
             return self._combine(sides, join)
         if isinstance(node, cst.IfExp):
             self.ev(node.test, env)

@@ -137,6 +137,11 @@ class Flow:
     # which a spec call's gate may hold only where q/k/v came through the
     # same count (``analysis``).
     cuts: list[tuple[cst.BaseExpression, str]] = field(default_factory=list)
+    # A token index in arithmetic with a value that is no literal (``idx +
+    # off``, also a range's end ``start + count``), with its canonical name:
+    # kept as the index, which a spec call's q/k/v and gates must then have
+    # come through alike (``analysis``).
+    shifts: list[tuple[cst.BinaryOperation, str]] = field(default_factory=list)
     # Environment right after each simple statement line, keyed by (frame,
     # id(statement)): the rewriter checks that an inserted line sees the
     # values the call sees.
