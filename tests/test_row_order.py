@@ -276,6 +276,9 @@ CUT = [
     ("decode-count", "a_s = a[: md.num_decode_tokens]"),
     ("cut-then-gathered", "a_s = a[: md.num_decodes].index_select(0, md.spec_token_indx)"),
     ("identity-prefix", "a_s = a.index_select(0, torch.arange(md.num_spec_decode_tokens))"),
+    # The analysis cannot tell the padding count from a count of some rows
+    # by its name: a gate cut alone, even by ``num_actual_tokens``, is refused.
+    ("gate-cut-alone", "a_s = a[: md.num_actual_tokens]"),
 ]
 
 

@@ -381,7 +381,7 @@ def spec_step(self, mixed_qkv, b, a, md):
     mixed_qkv_spec = mixed_qkv.index_select(0, idx)
     q, k, v = self.rearrange_mixed_qkv(mixed_qkv_spec)
     out, _ = fused_sigmoid_gating_delta_rule_update(
-        A_log=self.A_log, a=a[: md.num_actual_tokens], b=b, dt_bias=self.dt_bias,
+        A_log=self.A_log, a=a.float(), b=b, dt_bias=self.dt_bias,
         q=q, k=k, v=v, ssm_state_indices=md.spec_state_indices_tensor,
         num_accepted_tokens=md.num_accepted_tokens,
     )
