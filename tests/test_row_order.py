@@ -350,3 +350,28 @@ def test_raw_gates_beside_a_shifted_q_k_v_index_are_affected() -> None:
     """The rewrite gathers raw gates by q/k/v's own index, shift and all."""
     body = "x_spec = x.index_select(0, md.spec_token_indx - md.shard_start)\n"
     assert status(site(body)) is Status.AFFECTED
+
+
+# Gates whose names cross the kernel's parameters: the gate handed as ``a``
+# comes from the tensor named ``b`` only (a swap, or the other tensor).
+CROSSED = [
+    ("swapped-gathered", "a_s = a.index_select(0, i)\nb_s = b.index_select(0, i)", "b_s", "a_s"),
+    ("other-tensor", "a_s = b.index_select(0, i)\nb_s = b.index_select(0, i)", "a_s", "b_s"),
+    ("swapped-raw", "", "b", "a"),
+]
+
+
+@pytest.mark.parametrize(
+    ("lines", "a", "b"), [(body, a, b) for _, body, a, b in CROSSED], ids=[n for n, *_ in CROSSED]
+)
+def test_gates_crossed_with_the_kernels_parameters_are_unknown(lines: str, a: str, b: str) -> None:
+    head = "i = md.spec_token_indx\nx_spec = x.index_select(0, i)\n"
+    assert status(site(head + lines + "\n", a, b)) is Status.UNKNOWN
+
+
+def test_gates_that_read_both_tensors_or_other_names_keep_their_verdict() -> None:
+    head = "i = md.spec_token_indx\nx_spec = x.index_select(0, i)\n"
+    mixed = "a_s = (a + b).index_select(0, i)\nb_s = b.index_select(0, i)\n"
+    assert status(site(head + mixed, "a_s", "b_s")) is Status.FIXED
+    renamed = "alpha = b.index_select(0, i)\nbeta = a.index_select(0, i)\n"
+    assert status(site(head + renamed, "beta", "alpha")) is Status.FIXED

@@ -370,8 +370,9 @@ def _untrusted_gates(flow: Flow, call: SpecCall) -> None:
     (``a_s = a[perm]``: flow.unnamed_picks), or a prefix cut by a count q/k/v
     did not come through (``a_s = a[:num_spec_decode_tokens]``,
     ``index_select(0, torch.arange(n))``: flow.cuts, read as every row),
-    and a gate whose index arithmetic differs from q/k/v's (``idx + off``
-    for one of them: flow.shifts, kept as the index). Before, ``apply``
+    a gate whose index arithmetic differs from q/k/v's (``idx + off`` for
+    one of them: flow.shifts, kept as the index), and gates whose names
+    cross the kernel's parameters (``a=b_spec``). Before, ``apply``
     gathered picked or cut rows again by the spec index: a wrong patch;
     shifted ones read ``fixed``."""
     path = call.record.path
@@ -397,6 +398,18 @@ def _untrusted_gates(flow: Flow, call: SpecCall) -> None:
                     "through: not every row of the step (a prefix of the spec or decode rows?)"
                 )
                 break
+        # The names the gate's value came through (its definitions, the
+        # argument): one of another gate parameter's name and never its own
+        # is a swap (``a=b_spec``) or the other tensor (``a_s = b[idx]``).
+        names = {flow.defs[i].name for v in _live(gate.vals, path) for i in v.defs}
+        if isinstance(gate.arg.value, cst.Name):
+            names.add(gate.arg.value.value)
+        crossed = sorted(names & ({g.param for g in call.gates} - {gate.param}))
+        if why is None and crossed and gate.param not in names:
+            why = (
+                f"{written} comes from `{crossed[0]}`, the name of another gate parameter, "
+                f"and from nothing named `{gate.param}`: the gates look swapped"
+            )
         shifts = {shift for node, shift in flow.shifts if _holds(values, node)}
         # Raw gates (affected) carry no index: the rewrite gathers them by
         # q/k/v's own.
@@ -628,9 +641,7 @@ def classify(flow: Flow, patchset: Patchset) -> Walk:
         if isinstance(found, str):
             ledger.append((record, found))
             continue
-        if found.status in (Status.AFFECTED, Status.FIXED) and (
-            flow.unnamed_picks or flow.cuts or flow.shifts
-        ):
+        if found.status in (Status.AFFECTED, Status.FIXED):
             _untrusted_gates(flow, found)
         if found.status is Status.UNKNOWN and flow.off_axis:
             found.reason += _off_axis(flow, found)
