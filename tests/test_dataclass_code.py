@@ -112,14 +112,19 @@ def test_it_is_removed_when_the_command_raises(tmp_path: Path) -> None:
 
 
 def test_exec_without_a_namespace_runs_in_its_callers() -> None:
-    run = dataclass_code._exec_from(dataclass_code._Stores(lambda package: None))
+    stores = dataclass_code._Stores(lambda package: None)
+    run = dataclass_code._exec_from(stores)
 
     def caller() -> dict[str, object]:
         ns: dict[str, object] = {}
         run("found = MARKER", None, ns)
         return ns
 
-    assert caller() == {"found": MARKER}
+    try:
+        assert caller() == {"found": MARKER}
+    finally:
+        stores.unhook()  # outside cached(), nothing else takes its exit hook back
+    assert ahead._child_exits == []
 
 
 def test_the_file_is_named_as_bytecode_is() -> None:
