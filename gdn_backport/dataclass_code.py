@@ -28,7 +28,6 @@ import contextlib
 import dataclasses
 import importlib.util
 import marshal
-import os
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -77,26 +76,18 @@ def load(path: Path) -> Store:
 
 def save(path: Path, store: Store) -> None:
     """Add ``store`` to the file (what another process wrote meanwhile is
-    kept), written whole: a temporary file renamed over the old one, so a
-    reader sees the old file or the new one; nothing where it cannot be."""
-    import tempfile
+    kept), written whole (``atomic.write_atomic``: a reader sees the old
+    file or the new one, with this package's mode bits, as a ``.pyc``
+    has its source's); nothing where it cannot be."""
+    from gdn_backport import atomic
+    from gdn_backport.errors import UsageError
 
-    with contextlib.suppress(OSError):
-        merged = {**load(path), **store}
-        if len(merged) > _LIMIT:
-            merged = store
+    merged = {**load(path), **store}
+    if len(merged) > _LIMIT:
+        merged = store
+    with contextlib.suppress(OSError, UsageError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".dataclass-code.", dir=path.parent)
-        try:
-            # Readable as the package's own files are (a .pyc's rule).
-            os.fchmod(fd, Path(__file__).stat().st_mode & 0o666)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(_MAGIC + marshal.dumps(merged))
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        atomic.write_atomic(path, _MAGIC + marshal.dumps(merged), like=Path(__file__))
 
 
 class _Stores:
