@@ -354,14 +354,13 @@ def _missing_helpers(flow: Flow, call: SpecCall) -> str:
 
 def _lineage(
     flow: Flow, vals: Vals, path: Assume, arg: cst.BaseExpression | None
-) -> list[cst.BaseExpression]:
-    """The expressions a value was computed by: its definitions' and ``arg``."""
-    values = [flow.defs[i].value for v in _live(vals, path) for i in v.defs]
-    return [v for v in [*values, arg] if v is not None]
-
-
-def _holds(values: list[cst.BaseExpression], node: cst.CSTNode) -> bool:
-    return any(any(n is node for n in walk(value)) for value in values)
+) -> tuple[set[int], set[str]]:
+    """What a value was computed by: the ids of every node of its
+    definitions' expressions and of ``arg``, and those definitions' names."""
+    defs = [flow.defs[i] for v in _live(vals, path) for i in v.defs]
+    values = [d.value for d in defs if d.value is not None]
+    nodes = {id(n) for value in [*values, *([arg] if arg is not None else [])] for n in walk(value)}
+    return nodes, {d.name for d in defs}
 
 
 def _untrusted_gates(flow: Flow, call: SpecCall) -> None:
@@ -377,22 +376,24 @@ def _untrusted_gates(flow: Flow, call: SpecCall) -> None:
     shifted ones read ``fixed``."""
     path = call.record.path
     name = call.kernel.name if call.kernel is not None else call.record.callee
-    q_values = [e for vals in call.rows.values() for e in _lineage(flow, vals, path, None)]
-    q_counts = {count for node, count in flow.cuts if _holds(q_values, node)}
-    q_shifts = {shift for node, shift in flow.shifts if _holds(q_values, node)}
+    q_nodes: set[int] = set()
+    for vals in call.rows.values():
+        q_nodes |= _lineage(flow, vals, path, None)[0]
+    q_counts = {count for node, count in flow.cuts if id(node) in q_nodes}
+    q_shifts = {shift for node, shift in flow.shifts if id(node) in q_nodes}
     for gate in call.gates:
-        values = _lineage(flow, gate.vals, path, gate.arg.value)
+        nodes, names = _lineage(flow, gate.vals, path, gate.arg.value)
         written = f"gate {gate.param}={code(gate.arg.value)}"
         why = None
         for pick in flow.unnamed_picks:
-            if _holds(values, pick):
+            if id(pick) in nodes:
                 why = (
                     f"{written} has rows picked by `{code(pick)}`, an index the analysis "
                     "cannot name: neither every row in order nor the spec rows"
                 )
                 break
         for node, count in flow.cuts if why is None else ():
-            if count not in q_counts and _holds(values, node):
+            if count not in q_counts and id(node) in nodes:
                 why = (
                     f"{written} has rows cut by `{code(node)}`, a count q/k/v did not come "
                     "through: not every row of the step (a prefix of the spec or decode rows?)"
@@ -401,7 +402,6 @@ def _untrusted_gates(flow: Flow, call: SpecCall) -> None:
         # The names the gate's value came through (its definitions, the
         # argument): one of another gate parameter's name and never its own
         # is a swap (``a=b_spec``) or the other tensor (``a_s = b[idx]``).
-        names = {flow.defs[i].name for v in _live(gate.vals, path) for i in v.defs}
         if isinstance(gate.arg.value, cst.Name):
             names.add(gate.arg.value.value)
         crossed = sorted(names & ({g.param for g in call.gates} - {gate.param}))
@@ -410,7 +410,7 @@ def _untrusted_gates(flow: Flow, call: SpecCall) -> None:
                 f"{written} comes from `{crossed[0]}`, the name of another gate parameter, "
                 f"and from nothing named `{gate.param}`: the gates look swapped"
             )
-        shifts = {shift for node, shift in flow.shifts if _holds(values, node)}
+        shifts = {shift for node, shift in flow.shifts if id(node) in nodes}
         # Raw gates (affected) carry no index: the rewrite gathers them by
         # q/k/v's own.
         if why is None and call.status is Status.FIXED and shifts != q_shifts:
