@@ -25,6 +25,13 @@ def gathered(a: str, index: str = "md.spec_token_indx") -> str:
     return site(GATHER.format(a=a, index=index), "a_s", "b_s")
 
 
+def between(lines: str) -> str:
+    """The site with q/k/v and ``b`` gathered by the spec index and
+    ``lines`` (which make ``a_s``) between them, ``a_s`` handed as ``a``."""
+    spec = "x_spec = x.index_select(0, md.spec_token_indx)"
+    return site(f"{spec}\n{lines}\nb_s = b.index_select(0, md.spec_token_indx)\n", "a_s", "b_s")
+
+
 # The gate ``a`` after each of these is not the spec rows of q/k/v.
 BROKEN = [
     ("flip", "a.index_select(0, md.spec_token_indx).flip(0)"),
@@ -152,13 +159,8 @@ def test_a_gate_written_with_other_rows_is_unknown(write: str) -> None:
     never gathered again by ``apply``). Rows nobody can name written in are
     not judged (a buffer filled from slices of its own rows looks the same:
     ``test_a_buffer_filled_from_slices_of_its_own_rows_keeps_them``)."""
-    body = f"""\
-    x_spec = x.index_select(0, md.spec_token_indx)
-    a_s = a.index_select(0, md.spec_token_indx)
-    {write}
-    b_s = b.index_select(0, md.spec_token_indx)
-    """
-    assert status(site(body, "a_s", "b_s"), {"torch": "torch"}) is Status.UNKNOWN
+    lines = f"a_s = a.index_select(0, md.spec_token_indx)\n{write}"
+    assert status(between(lines), {"torch": "torch"}) is Status.UNKNOWN
 
 
 KEPT_WRITES = [
@@ -172,13 +174,8 @@ KEPT_WRITES = [
 
 @pytest.mark.parametrize("write", [w for _, w in KEPT_WRITES], ids=[n for n, _ in KEPT_WRITES])
 def test_a_gate_written_with_its_own_rows_or_no_rows_keeps_them(write: str) -> None:
-    body = f"""\
-    x_spec = x.index_select(0, md.spec_token_indx)
-    a_s = a.index_select(0, md.spec_token_indx)
-    {write}
-    b_s = b.index_select(0, md.spec_token_indx)
-    """
-    assert status(site(body, "a_s", "b_s"), {"torch": "torch"}) is Status.FIXED
+    lines = f"a_s = a.index_select(0, md.spec_token_indx)\n{write}"
+    assert status(between(lines), {"torch": "torch"}) is Status.FIXED
 
 
 def test_a_buffer_filled_from_slices_of_its_own_rows_keeps_them() -> None:
@@ -213,10 +210,7 @@ PICKED = [
 
 @pytest.mark.parametrize("pick", [p for _, p in PICKED], ids=[n for n, _ in PICKED])
 def test_a_gate_picked_by_an_unknown_index_is_unknown_never_patched(pick: str) -> None:
-    body = "\n".join(
-        ["x_spec = x.index_select(0, md.spec_token_indx)", pick, "b_s = b.index_select(0, b_index)"]
-    ).replace("b_index", "md.spec_token_indx")
-    assert status(site(body + "\n", "a_s", "b_s"), {"torch": "torch"}) is Status.UNKNOWN
+    assert status(between(pick), {"torch": "torch"}) is Status.UNKNOWN
 
 
 PICKS_KEPT = [
@@ -228,12 +222,7 @@ PICKS_KEPT = [
 
 @pytest.mark.parametrize("pick", [p for _, p in PICKS_KEPT], ids=[n for n, _ in PICKS_KEPT])
 def test_a_gate_indexed_off_its_token_axis_keeps_its_rows(pick: str) -> None:
-    body = f"""\
-    x_spec = x.index_select(0, md.spec_token_indx)
-    {pick}
-    b_s = b.index_select(0, md.spec_token_indx)
-    """
-    assert status(site(body, "a_s", "b_s"), {"torch": "torch"}) is Status.FIXED
+    assert status(between(pick), {"torch": "torch"}) is Status.FIXED
 
 
 def test_a_dict_looked_up_beside_the_call_changes_nothing() -> None:
@@ -257,8 +246,7 @@ def test_apply_refuses_a_gate_it_cannot_vouch_for_and_writes_nothing(
     """Before: ``affected``, and apply gathered the picked or cut rows again
     by the spec index (``a_s.index_select(0, md.spec_token_indx)``): a wrong
     patch."""
-    body = f"x_spec = x.index_select(0, md.spec_token_indx)\na_s = {gate}\n"
-    func = site(body + "b_s = b.index_select(0, md.spec_token_indx)\n", "a_s", "b_s")
+    func = between(f"a_s = {gate}")
     (tmp_path / "vllm").mkdir()
     (tmp_path / "vllm" / "__init__.py").write_text("")
     layer = tmp_path / "vllm" / "layer.py"
@@ -284,10 +272,7 @@ CUT = [
 
 @pytest.mark.parametrize("cut", [c for _, c in CUT], ids=[n for n, _ in CUT])
 def test_a_gate_cut_by_a_count_q_k_v_were_not_cut_by_is_unknown(cut: str) -> None:
-    body = "\n".join(
-        ["x_spec = x.index_select(0, md.spec_token_indx)", cut, "b_s = b.index_select(0, b_index)"]
-    ).replace("b_index", "md.spec_token_indx")
-    assert status(site(body + "\n", "a_s", "b_s"), {"torch": "torch"}) is Status.UNKNOWN
+    assert status(between(cut), {"torch": "torch"}) is Status.UNKNOWN
 
 
 def test_the_padding_trim_of_q_k_v_and_the_gates_keeps_the_verdicts() -> None:
